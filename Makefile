@@ -1,0 +1,23 @@
+# Two commands get a newcomer going: `make install` then `make test`; `make bench` runs the default suite.
+PYTHON ?= python3
+PIP ?= $(PYTHON) -m pip
+# A CPU-only machine takes this CPU build; on a GPU machine install a CUDA torch first (it is kept).
+TORCH ?= torch==2.13.0
+
+.PHONY: install test bench list clean
+
+install:
+	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[test]"
+
+test:
+	$(PYTHON) -m pytest
+
+bench:
+	gdnbench run smoke
+
+list:
+	gdnbench list
+
+clean:
+	rm -rf build *.egg-info .pytest_cache
