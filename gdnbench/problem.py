@@ -1,0 +1,139 @@
+"""The canonical problem: deterministic inputs for one case, in the conventions of DESIGN.md section 2.
+
+Inputs are drawn on the CPU from a generator seeded by (suite seed, case id) and then moved to the
+device, so the same seed gives the same inputs on every device. Every backend adapter converts from
+these tensors (outside the timed region) and its outputs are converted back to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from gdnbench.reference import gate_from_raw, l2norm
+from gdnbench.suite import Case
+
+DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class Problem:
+    """Canonical tensors of one case. Shapes as in DESIGN.md; varlen is B = 1 with cu_seqlens."""
+
+    case: Case
+    q: torch.Tensor  # [B, T, H, K]
+    k: torch.Tensor  # [B, T, H, K]
+    v: torch.Tensor  # [B, T, HV, V]
+    g: torch.Tensor  # [B, T, HV] fp32, log decay
+    beta: torch.Tensor  # [B, T, HV] post-sigmoid; input dtype (fp32 with gating: raw, as derived)
+    scale: float
+    cu_seqlens: torch.Tensor | None = None  # [N + 1] int64 (varlen)
+    initial_state: torch.Tensor | None = None  # [N, HV, K, V] fp32 (prefill)
+    state_pool: torch.Tensor | None = None  # [S, HV, K, V] state dtype (decode); never mutated
+    slot_idx: torch.Tensor | None = None  # [B] int32 (decode)
+    # raw gating inputs (gating: raw): g and beta above are derived from these
+    a: torch.Tensor | None = None  # [B, T, HV] input dtype
+    b: torch.Tensor | None = None  # [B, T, HV] input dtype
+    A_log: torch.Tensor | None = None  # [HV] fp32
+    dt_bias: torch.Tensor | None = None  # [HV] fp32
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def qk_l2norm_in_kernel(self) -> bool:
+        return self.case.qk_l2norm == "kernel"
+
+    def tensors(self) -> dict[str, Any]:
+        """The canonical inputs by their DESIGN.md names (None where the case has none)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "case"}
+        out["qk_l2norm"] = self.case.qk_l2norm
+        return out
+
+    def fresh_pool(self) -> torch.Tensor:
+        """A private copy of the decode state pool, for kernels that update it in place."""
+        assert self.state_pool is not None, "not a decode problem"
+        return self.state_pool.clone()
+
+
+def case_seed(seed: int, case_id: str) -> int:
+    """A 63-bit seed derived from the suite seed and the case id (stable across runs and machines)."""
+    digest = hashlib.sha256(f"{seed}:{case_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def seq_lens(case: Case, seed: int) -> list[int]:
+    """Sequence lengths of a varlen case: explicit, or a seeded random split of total_tokens."""
+    if case.seq_lens is not None:
+        return list(case.seq_lens)
+    n, total = case.num_seqs, case.total_tokens
+    gen = torch.Generator().manual_seed(case_seed(seed, case.id + "#split"))
+    cuts = (torch.randperm(total - 1, generator=gen)[: n - 1] + 1).sort().values.tolist()
+    bounds = [0, *cuts, total]
+    return [bounds[i + 1] - bounds[i] for i in range(n)]
+
+
+def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> Problem:
+    """Build the inputs of ``case`` following FLA's own test recipe (DESIGN.md section 2)."""
+    gen = torch.Generator().manual_seed(case_seed(seed, case.id))
+    dtype = DTYPES[case.dtype]
+    H, HV, K, V = case.H, case.HV, case.K, case.V
+    if case.mode == "varlen":
+        lens = seq_lens(case, seed)
+        B, T = 1, sum(lens)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int64)
+    else:
+        B, T, cu = case.B, case.T, None
+
+    q = torch.rand(B, T, H, K, generator=gen)
+    k = torch.rand(B, T, H, K, generator=gen)
+    v = torch.rand(B, T, HV, V, generator=gen)
+    if case.qk_l2norm == "pre":
+        q, k = l2norm(q), l2norm(k)
+    raw: dict[str, torch.Tensor] = {}
+    if case.gating == "raw":
+        raw["a"] = torch.randn(B, T, HV, generator=gen).to(dtype)
+        raw["b"] = torch.randn(B, T, HV, generator=gen).to(dtype)
+        raw["A_log"] = torch.log(torch.empty(HV).uniform_(1, 16, generator=gen))
+        raw["dt_bias"] = torch.rand(HV, generator=gen)
+        g, beta = gate_from_raw(raw["a"], raw["b"], raw["A_log"], raw["dt_bias"])
+    else:
+        beta = torch.sigmoid(torch.rand(B, T, HV, generator=gen))
+        g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / case.gate_norm
+        if case.mask_p > 0:
+            g = g.masked_fill(torch.rand(B, T, HV, generator=gen) < case.mask_p, 0.0)
+
+    N = case.N
+    state = pool = slots = None
+    if case.op == "prefill" and case.initial_state == "random":
+        state = torch.randn(N, HV, K, V, generator=gen)
+    elif case.op == "prefill" and case.initial_state == "zeros":
+        state = torch.zeros(N, HV, K, V)
+    if case.op == "decode":
+        S = case.pool_size
+        # the whole pool is filled, so a kernel that writes a slot it should not is caught
+        pool = torch.randn(S, HV, K, V, generator=gen) if case.initial_state == "random" else torch.zeros(S, HV, K, V)
+        pool = pool.to(DTYPES[case.state_dtype])
+        if case.slots == "scattered":
+            slots = torch.randperm(S, generator=gen)[:N].to(torch.int32)
+        else:
+            slots = torch.arange(N, dtype=torch.int32)
+
+    def dev(x: torch.Tensor | None, dt: torch.dtype | None = None) -> torch.Tensor | None:
+        return None if x is None else x.to(device=device, dtype=dt or x.dtype)
+
+    return Problem(
+        case=case,
+        q=dev(q, dtype), k=dev(k, dtype), v=dev(v, dtype),
+        # raw gating derives beta in fp32 (DESIGN.md section 2); rounding it would move the reference
+        g=dev(g, torch.float32), beta=dev(beta, torch.float32 if case.gating == "raw" else dtype),
+        scale=case.scale if case.scale is not None else K**-0.5,
+        cu_seqlens=dev(cu), initial_state=dev(state),
+        state_pool=dev(pool), slot_idx=dev(slots),
+        **{name: dev(t) for name, t in raw.items()},
+    )

@@ -1,0 +1,329 @@
+"""Exact pure-PyTorch references for the gated delta rule (DESIGN.md sections 2 and 5).
+
+Two independent algorithms compute the same thing:
+
+* ``gdn_recurrent``: the per-token recurrence, literally as written in the design notes;
+* ``gdn_chunk``: the chunked WY / UT-transform form that production kernels use.
+
+Both run on any device (CPU or CUDA), are vectorised over sequences and value heads, and loop in
+Python only over tokens (recurrent) or chunks (chunk). They are meant to be slow but trustworthy: every
+input is upcast to ``compute_dtype`` (fp32 or fp64) before any arithmetic.
+
+Conventions (canonical, see DESIGN.md section 2):
+    q, k  [B, T, H, K]      v [B, T, HV, V]      g, beta [B, T, HV]
+    initial_state / final_state [N, HV, K, V] (K-first), N = B or the number of varlen sequences.
+    Value head h reads q/k head h // (HV // H) (GVA).
+
+Recurrence, per token t and value head (S is K x V):
+    S = exp(g_t) * S ;  u = beta_t * (v_t - S^T k_t) ;  S = S + k_t u^T ;  o_t = S^T (scale * q_t)
+
+Chunked form derivation (within one chunk, tokens i = 1..C, S0 the state entering the chunk,
+gc_i = g_1 + ... + g_i the cumulative log decay inside the chunk). Unrolling the recurrence, the
+state that token i sees right before its own write is
+    S_i^- = exp(gc_i) S0 + sum_{j<i} exp(gc_i - gc_j) k_j u_j^T,
+so its write u_i = beta_i (v_i - S_i^-^T k_i) satisfies, for all i at once,
+    (I + A) Ucur = diag(beta) V - diag(beta) (exp(gc) o K) S0,
+    A = strictLower(diag(beta) (Gamma o K K^T)),  Gamma_ij = exp(gc_i - gc_j).
+With T = (I + A)^{-1} diag(beta), W = T (exp(gc) o K) and U = T V this is Ucur = U - W S0 ("v_new").
+The outputs and the outgoing state then follow from the same unrolling:
+    O    = (exp(gc) o Q) S0 + (lowerInclDiag(Gamma o Q K^T)) Ucur          (Q already scaled)
+    S_C  = exp(gc_C) S0 + (exp(gc_C - gc) o K)^T Ucur
+A, T, W, U and the masked Q K^T do not depend on S0, so they are built for all chunks at once; only
+the last three lines need the sequential pass over chunks.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["l2norm", "gdn_recurrent", "gdn_chunk", "gdn_decode", "gate_from_raw"]
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """L2-normalise the last dim, in x's own dtype (eps inside the rsqrt, as the kernels do)."""
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gate_from_raw(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Qwen3-Next raw gating: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), all in fp32.
+
+    a, b: [B, T, HV]; A_log, dt_bias: [HV] (broadcast over the last dim). Returns (g, beta), both fp32.
+    """
+    a32, b32 = a.float(), b.float()
+    # softplus with torch's default beta=1, threshold=20 (linear above 20), which is what the models use.
+    g = -torch.exp(A_log.float()) * F.softplus(a32 + dt_bias.float())
+    beta = torch.sigmoid(b32)
+    return g, beta
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared input handling: validation, upcast, GVA expansion and the varlen <-> padded-batch mapping.
+# --------------------------------------------------------------------------------------------------
+
+
+class _Prepared:
+    """Inputs in the internal layout [N, HV, Tmax, D] (and [N, HV, Tmax] for g, beta), compute dtype.
+
+    Varlen input is scattered into a zero-padded batch. A padded position has g = 0 and beta = 0, so it
+    neither decays the state (exp(0) = 1) nor writes to it (u = 0): the state after the padding is the
+    state after the last real token, which makes the padded batch exact rather than approximate.
+    """
+
+    def __init__(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        g: Tensor,
+        beta: Tensor,
+        scale: float | None,
+        initial_state: Tensor | None,
+        cu_seqlens: Tensor | None,
+        qk_l2norm: bool,
+        compute_dtype: torch.dtype,
+    ) -> None:
+        if compute_dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"compute_dtype must be float32 or float64, got {compute_dtype}")
+        if q.dim() != 4 or k.shape != q.shape:
+            raise ValueError(f"q and k must both be [B, T, H, K], got {tuple(q.shape)} and {tuple(k.shape)}")
+        B, T, H, K = q.shape
+        if v.dim() != 4 or v.shape[:2] != (B, T):
+            raise ValueError(f"v must be [B, T, HV, V] with B={B}, T={T}, got {tuple(v.shape)}")
+        HV, V = v.shape[2], v.shape[3]
+        if HV % H != 0:
+            raise ValueError(f"HV={HV} must be a multiple of H={H}")
+        for name, t in (("g", g), ("beta", beta)):
+            if t.shape != (B, T, HV):
+                raise ValueError(f"{name} must be [B, T, HV] = {(B, T, HV)}, got {tuple(t.shape)}")
+
+        cd = compute_dtype
+        q, k, v, g, beta = (x.to(cd) for x in (q, k, v, g, beta))
+        if qk_l2norm:
+            # Normalise after the upcast so the reference does not inherit low-precision rounding.
+            q, k = l2norm(q), l2norm(k)
+        # Fold the scale into q once: o = S^T (scale * q).
+        q = q * (K**-0.5 if scale is None else scale)
+        if HV != H:
+            # GVA: value head h uses q/k head h // (HV // H), i.e. each q/k head repeated consecutively.
+            q = q.repeat_interleave(HV // H, dim=2)
+            k = k.repeat_interleave(HV // H, dim=2)
+
+        self.B, self.T, self.H, self.HV, self.K, self.V = B, T, H, HV, K, V
+        self.dtype, self.device = cd, q.device
+        self.cu_seqlens = cu_seqlens
+
+        if cu_seqlens is None:
+            N = B
+            # [B, T, HV, D] -> [N, HV, T, D]
+            self.q, self.k, self.v = (x.transpose(1, 2) for x in (q, k, v))
+            self.g, self.beta = g.transpose(1, 2), beta.transpose(1, 2)
+        else:
+            if B != 1:
+                raise ValueError(f"varlen (cu_seqlens) requires B == 1, got B={B}")
+            cu = cu_seqlens.to(device=q.device, dtype=torch.long)
+            if cu.dim() != 1 or cu.numel() < 2:
+                raise ValueError("cu_seqlens must be 1-D with at least 2 entries")
+            lens = cu[1:] - cu[:-1]
+            # Host syncs are fine in a reference; silent misuse is not.
+            if int(cu[0]) != 0 or int(cu[-1]) != T or bool((lens < 0).any()):
+                raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu.tolist()}")
+            N = cu.numel() - 1
+            Tmax = int(lens.max())
+            # Packed token p belongs to sequence seq[p] at position pos[p] inside it.
+            seq = torch.repeat_interleave(torch.arange(N, device=q.device), lens, output_size=T)
+            pos = torch.arange(T, device=q.device) - cu[seq]
+            self._seq, self._pos = seq, pos
+
+            def pad(x: Tensor) -> Tensor:  # [1, T, ...] -> [N, Tmax, ...], zeros elsewhere
+                out = x.new_zeros((N, Tmax) + tuple(x.shape[2:]))
+                out[seq, pos] = x[0]
+                return out
+
+            # Zero padding gives g = 0, beta = 0 (and k = q = v = 0) on the padded positions.
+            self.q, self.k, self.v = (pad(x).transpose(1, 2) for x in (q, k, v))
+            self.g, self.beta = pad(g).transpose(1, 2), pad(beta).transpose(1, 2)
+        self.N = N
+
+        if initial_state is None:
+            self.S0 = torch.zeros(N, HV, K, V, dtype=cd, device=q.device)
+        else:
+            if initial_state.shape != (N, HV, K, V):
+                raise ValueError(
+                    f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)} (K-first), got {tuple(initial_state.shape)}"
+                )
+            self.S0 = initial_state.to(device=q.device, dtype=cd)
+
+    def unpad_output(self, o: Tensor) -> Tensor:
+        """[N, HV, Tmax, V] -> canonical [B, T, HV, V]."""
+        o = o.transpose(1, 2)  # [N, Tmax, HV, V]
+        if self.cu_seqlens is None:
+            return o.contiguous()
+        return o[self._seq, self._pos].unsqueeze(0)
+
+
+# --------------------------------------------------------------------------------------------------
+# Recurrent reference
+# --------------------------------------------------------------------------------------------------
+
+
+def gdn_recurrent(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    qk_l2norm: bool = False,
+    output_final_state: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule, one token at a time, exactly as in DESIGN.md section 2.
+
+    Returns (o [B, T, HV, V], final_state [N, HV, K, V] or None), both in compute_dtype.
+    """
+    p = _Prepared(q, k, v, g, beta, scale, initial_state, cu_seqlens, qk_l2norm, compute_dtype)
+    S = p.S0.clone()  # [N, HV, K, V]
+    o = p.q.new_zeros(p.N, p.HV, p.q.shape[2], p.V)
+    decay = p.g.exp()  # [N, HV, T]
+    for t in range(p.q.shape[2]):
+        q_t, k_t, v_t = p.q[:, :, t], p.k[:, :, t], p.v[:, :, t]  # [N, HV, K|V]
+        S = S * decay[:, :, t, None, None]
+        # u = beta * (v - S^T k): the part of v the memory does not already predict for key k.
+        pred = torch.einsum("nhk,nhkv->nhv", k_t, S)
+        u = p.beta[:, :, t, None] * (v_t - pred)
+        S = S + k_t[..., :, None] * u[..., None, :]
+        o[:, :, t] = torch.einsum("nhk,nhkv->nhv", q_t, S)  # q already carries the scale
+    return p.unpad_output(o), (S if output_final_state else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Chunked (WY / UT transform) reference
+# --------------------------------------------------------------------------------------------------
+
+
+def gdn_chunk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    qk_l2norm: bool = False,
+    output_final_state: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule via the chunked UT-transform algorithm (derivation in the module docstring).
+
+    Same contract as gdn_recurrent; an independent second implementation to cross-check it.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    p = _Prepared(q, k, v, g, beta, scale, initial_state, cu_seqlens, qk_l2norm, compute_dtype)
+    N, HV, K, V, C = p.N, p.HV, p.K, p.V, chunk_size
+    Tp = p.q.shape[2]
+    NC = -(-Tp // C)
+    pad = NC * C - Tp
+    # Pad the tail to whole chunks with g = 0, beta = 0, k = 0: such tokens leave the state untouched.
+    Q, Kc, Vc = (F.pad(x, (0, 0, 0, pad)).view(N, HV, NC, C, x.shape[-1]) for x in (p.q, p.k, p.v))
+    G, Bt = (F.pad(x, (0, pad)).view(N, HV, NC, C) for x in (p.g, p.beta))
+
+    gc = G.cumsum(dim=-1)  # [N, HV, NC, C] cumulative log decay inside each chunk (<= 0)
+    idx = torch.arange(C, device=p.device)
+    incl = idx[:, None] >= idx[None, :]  # lower triangle incl. diagonal
+    strict = idx[:, None] > idx[None, :]
+    # Gamma_ij = exp(gc_i - gc_j) for i >= j. Mask to -inf *before* exp: above the diagonal the
+    # difference is positive and exp would overflow to inf (inf * 0 = NaN) for strong decays.
+    diff = gc[..., :, None] - gc[..., None, :]
+    Gamma = torch.exp(diff.masked_fill(~incl, float("-inf")))  # [N, HV, NC, C, C], zero above diag
+
+    # A = strictLower(diag(beta) (Gamma o K K^T)); I + A is unit lower triangular.
+    A = (Gamma * (Kc @ Kc.transpose(-1, -2))).masked_fill(~strict, 0.0) * Bt[..., :, None]
+    L = A + torch.eye(C, dtype=A.dtype, device=p.device)
+    # T = (I + A)^{-1} diag(beta) is never formed: W = T (exp(gc) o K) and U = T V are each one
+    # triangular solve with diag(beta) folded into the right-hand side.
+    eg = gc.exp()[..., None]  # [N, HV, NC, C, 1]
+    rhs = torch.cat([Bt[..., None] * eg * Kc, Bt[..., None] * Vc], dim=-1)
+    WU = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
+    W, U = WU[..., :K], WU[..., K:]
+
+    P = Gamma * (Q @ Kc.transpose(-1, -2))  # decayed causal Q K^T, diagonal included (Gamma is 0 above)
+    Qd = eg * Q  # reads the incoming state through the decay accumulated so far in the chunk
+    Kd = torch.exp(gc[..., -1:] - gc)[..., None] * Kc  # each write decayed to the end of the chunk
+    g_last = gc[..., -1].exp()  # [N, HV, NC]
+
+    S = p.S0.clone()
+    o = Q.new_empty(N, HV, NC, C, V)
+    for c in range(NC):
+        v_new = U[:, :, c] - W[:, :, c] @ S  # the actual writes u_i of this chunk
+        o[:, :, c] = Qd[:, :, c] @ S + P[:, :, c] @ v_new
+        S = g_last[:, :, c, None, None] * S + Kd[:, :, c].transpose(-1, -2) @ v_new
+    o = o.view(N, HV, NC * C, V)[:, :, :Tp]
+    return p.unpad_output(o), (S if output_final_state else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# Decode on a state pool
+# --------------------------------------------------------------------------------------------------
+
+
+def gdn_decode(
+    solve: Callable[..., tuple[Tensor, Tensor | None]],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    state_pool: Tensor,
+    slot_idx: Tensor,
+    scale: float | None = None,
+    qk_l2norm: bool = False,
+    compute_dtype: torch.dtype = torch.float32,
+    **kw,
+) -> Tensor:
+    """Decode (T >= 1 tokens per sequence) against a state pool, updating the pool in place.
+
+    state_pool [S, HV, K, V] (fp32 or bf16), slot_idx [B] (int32; negative = padding sequence).
+    Sequence b starts from pool[slot_idx[b]] (upcast), runs ``solve`` (gdn_recurrent or gdn_chunk; extra
+    keyword arguments go to it), and its final state is cast back and written to the same slot. Padding
+    sequences get zero output and touch no slot; every other slot is left bit-identical.
+    Returns o [B, T, HV, V] in compute_dtype.
+    """
+    B = q.shape[0]
+    if slot_idx.shape != (B,):
+        raise ValueError(f"slot_idx must be [B] = [{B}], got {tuple(slot_idx.shape)}")
+    if state_pool.dim() != 4:
+        raise ValueError(f"state_pool must be [S, HV, K, V], got {tuple(state_pool.shape)}")
+    slots = slot_idx.to(device=state_pool.device, dtype=torch.long)
+    valid = slots >= 0
+    if bool((slots >= state_pool.shape[0]).any()):
+        raise ValueError(f"slot_idx out of range for a pool of {state_pool.shape[0]} slots")
+    live = slots[valid]
+    if live.unique().numel() != live.numel():
+        # Two sequences writing one slot has no well-defined result.
+        raise ValueError("slot_idx repeats a non-negative slot")
+
+    # Padding rows start from zeros rather than from whatever slot a clamp would point at; the negative
+    # index itself must never reach the pool (-1 would silently mean the last slot).
+    h0 = state_pool[slots.clamp(min=0)].to(compute_dtype)
+    h0 = torch.where(valid[:, None, None, None], h0, torch.zeros_like(h0))
+    o, final = solve(
+        q, k, v, g, beta,
+        scale=scale, initial_state=h0, qk_l2norm=qk_l2norm,
+        output_final_state=True, compute_dtype=compute_dtype, **kw,
+    )
+    assert final is not None
+    state_pool[live] = final[valid.to(final.device)].to(state_pool.dtype)
+    o = torch.where(valid.to(o.device)[:, None, None, None], o, torch.zeros_like(o))
+    return o

@@ -1,0 +1,98 @@
+"""Suite parsing: expansion, ids, defaults, and every error path (file, case and field named)."""
+
+import pytest
+
+from gdnbench.suite import Case, SuiteError, load_suite, parse_suite, shipped_suites
+
+
+def suite(**kw):
+    raw = {"name": "t", "defaults": {"H": 2, "D": 16}, **kw}
+    return parse_suite(raw, path="t.yaml")
+
+
+def test_axes_product_and_explicit_cases():
+    s = suite(cases=[{"B": 1, "T": 8}], axes={"B": [1, 2], "T": [16, 32], "dtype": ["fp16", "fp32"]})
+    assert len(s.cases) == 1 + 2 * 2 * 2
+    assert len({c.id for c in s.cases}) == len(s.cases)
+
+
+def test_case_level_axes_and_list_of_grids():
+    s = suite(cases=[{"B": 1, "T": 8, "axes": {"D": [32, 64]}}],
+              axes=[{"B": [1], "T": [4]}, {"op": ["decode"], "B": [3, 4]}])
+    assert [c.K for c in s.cases[:2]] == [32, 64]
+    assert [c.op for c in s.cases[-2:]] == ["decode", "decode"]
+
+
+def test_id_is_stable_and_named_like_the_issue():
+    c = Case(B=4, T=2048, H=8, D=64)
+    assert c.id == "prefill/padded/B=4,T=2048,H=8,HV=8,K=64,V=64,bf16,gn=1,mp=0"
+    assert Case(B=4, T=2048, H=8, HV=8, K=64, V=64, dtype="bf16").id == c.id
+
+
+def test_non_default_fields_change_the_id():
+    base = Case(B=1, T=8, H=2, D=16)
+    variants = [dict(state_dtype="bf16"), dict(scale=0.1), dict(qk_l2norm="kernel"), dict(gating="raw"),
+                dict(initial_state="random"), dict(output_final_state=False), dict(HV=4), dict(mask_p=0.5)]
+    ids = {Case(B=1, T=8, H=2, D=16, **v).id for v in variants}
+    assert base.id not in ids and len(ids) == len(variants)
+
+
+def test_varlen_and_decode_resolution():
+    v = Case(mode="varlen", seq_lens=[3, 5], H=1, D=8)
+    assert (v.N, v.tokens, v.num_seqs, v.total_tokens) == (2, 8, 2, 8)
+    d = Case(op="decode", B=3, H=1, D=8)
+    assert (d.T, d.pool_size, d.initial_state) == (1, 3, "random")
+    assert Case(B=1, T=2, H=1, D=8).initial_state == "none"
+
+
+def test_shipped_suites_load():
+    names = shipped_suites()
+    assert {"smoke", "parity", "qwen3-next"} <= set(names)
+    for name in names:
+        assert load_suite(name).cases
+    assert len(load_suite("parity").cases) == 27
+
+
+@pytest.mark.parametrize("kw, needles", [
+    (dict(cases=[{"B": 1, "T": 8, "bogus": 1}]), ["cases[0]", "bogus", "unknown field"]),
+    (dict(cases=[{"B": "four", "T": 8}]), ["cases[0]", "'B'", "four"]),
+    (dict(cases=[{"B": 1, "T": 8, "H": 3, "HV": 4}]), ["cases[0]", "HV=4", "multiple of H=3"]),
+    (dict(cases=[{"B": -1, "T": 8}]), ["cases[0]", "'B'", "greater than or equal to 1"]),
+    (dict(cases=[{"B": 1, "T": 8}, {"B": 1, "T": 0}]), ["cases[1]", "'T'"]),
+    (dict(cases=[{"B": 1, "T": 8, "dtype": "fp8"}]), ["cases[0]", "'dtype'", "fp8"]),
+    (dict(cases=[{"mode": "varlen", "num_seqs": 3}]), ["cases[0]", "total_tokens"]),
+    (dict(cases=[{"mode": "varlen", "seq_lens": [3, 0]}]), ["cases[0]", "seq_lens"]),
+    (dict(cases=[{"mode": "varlen", "B": 2, "seq_lens": [3]}]), ["cases[0]", "not B/T"]),
+    (dict(cases=[{"op": "decode", "B": 4, "pool_size": 2}]), ["cases[0]", "pool_size=2"]),
+    (dict(cases=[{"B": 1, "T": 8, "gating": "raw", "gate_norm": 2}]), ["cases[0]", "gating: raw"]),
+    (dict(cases=[{"B": 1, "T": 8}, {"B": 1, "T": 8}]), ["cases[1]", "duplicate case id"]),
+    (dict(axes={"B": [1, "x"], "T": [8]}), ["axes (combination 1)", "'B'"]),
+    (dict(axes={"B": 3}), ["axes", "'B'", "non-empty list"]),
+    (dict(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline="torch.recurrent"), ["baseline"]),
+    (dict(cases=[{"B": 1, "T": 8}], seed="abc"), ["suite", "'seed'"]),
+    (dict(cases=[{"B": 1, "T": 8}], timing={"timer": "fast"}), ["timing.timer"]),
+    (dict(cases=[{"B": 1, "T": 8}], tolerances={"bf16": -1}), ["tolerances.bf16"]),
+    (dict(cases=[{"B": 1, "T": 8}], colour="red"), ["unknown suite key", "colour"]),
+    (dict(), ["no cases"]),
+    (dict(cases=["B=1"]), ["cases[0]", "mapping"]),
+])
+def test_errors_name_file_case_and_field(kw, needles):
+    with pytest.raises(SuiteError) as info:
+        suite(**kw)
+    msg = str(info.value)
+    assert msg.startswith("t.yaml")
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ncases: [ {B: 1,\n")
+    with pytest.raises(SuiteError, match="bad.yaml: not valid YAML"):
+        load_suite(bad)
+    with pytest.raises(SuiteError, match="no shipped suite"):
+        load_suite(tmp_path / "nope.yaml")
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(SuiteError, match="scalar.yaml: a suite is a YAML mapping"):
+        load_suite(scalar)
