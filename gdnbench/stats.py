@@ -1,0 +1,85 @@
+"""Summary statistics over raw timing samples (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from math import comb
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Summary:
+    n: int
+    median: float
+    p95: float
+    min: float
+    max: float
+    mean: float
+    stdev: float
+    iqr: float
+
+    def as_dict(self, suffix: str = "_us") -> dict[str, float | int]:
+        """Flat dict for report rows: ``{"n": .., "median_us": .., ...}`` (``n`` carries no unit)."""
+        return {k if k == "n" else k + suffix: v for k, v in asdict(self).items()}
+
+
+def summarize(samples: Sequence[float]) -> Summary:
+    """Median, p95, min, max, mean, stdev (ddof=1; 0 for one sample) and IQR of ``samples``.
+
+    Percentiles use linear interpolation between order statistics (numpy's default).
+    """
+    x = np.asarray(samples, dtype=np.float64)
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError("summarize needs a non-empty 1-D sequence of samples")
+    p25, p50, p75, p95 = np.percentile(x, [25, 50, 75, 95])
+    return Summary(
+        n=int(x.size),
+        median=float(p50),
+        p95=float(p95),
+        min=float(x.min()),
+        max=float(x.max()),
+        mean=float(x.mean()),
+        stdev=float(x.std(ddof=1)) if x.size > 1 else 0.0,
+        iqr=float(p75 - p25),
+    )
+
+
+@lru_cache(maxsize=1024)  # the stopping rule asks again for every batch
+def _median_rank(n: int, confidence: float) -> int:
+    """Largest 1-based rank j with P(Binomial(n, 1/2) <= j - 1) <= (1 - confidence) / 2, or 0 if none.
+
+    [x_(j), x_(n+1-j)] then covers the median with probability >= confidence for any
+    continuous distribution. Exact integer arithmetic: 2**n overflows floats past n ~ 1000.
+    """
+    budget = (1.0 - confidence) / 2.0
+    total = 2**n
+    cdf = 0  # numerator of P(B <= j - 1)
+    j = 0
+    while j < (n + 1) // 2:
+        cdf += comb(n, j)
+        if cdf / total > budget:
+            break
+        j += 1
+    return j
+
+
+def median_ci(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median from order statistics.
+
+    Uses the binomial (sign-test) ranks, so coverage is at least ``confidence`` with no
+    assumption on the distribution (conservative: the ranks are discrete). When ``n`` is
+    too small for any pair of ranks to reach ``confidence`` (n <= 5 at 95%), returns (min, max).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    if x.ndim != 1 or x.size == 0:
+        raise ValueError("median_ci needs a non-empty 1-D sequence of samples")
+    n = int(x.size)
+    j = _median_rank(n, confidence)
+    if j == 0:
+        return float(x[0]), float(x[-1])
+    return float(x[j - 1]), float(x[n - j])

@@ -1,0 +1,75 @@
+import numpy as np
+import pytest
+
+from gdnbench.stats import Summary, median_ci, summarize
+
+
+def test_summarize_matches_numpy() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.lognormal(mean=3.0, sigma=0.4, size=257)
+    s = summarize(x.tolist())
+    assert s.n == 257
+    assert s.median == pytest.approx(np.median(x))
+    assert s.p95 == pytest.approx(np.percentile(x, 95))
+    assert s.min == x.min() and s.max == x.max()
+    assert s.mean == pytest.approx(x.mean())
+    assert s.stdev == pytest.approx(x.std(ddof=1))
+    assert s.iqr == pytest.approx(np.percentile(x, 75) - np.percentile(x, 25))
+
+
+def test_summarize_single_sample_and_empty() -> None:
+    s = summarize([4.0])
+    assert (s.n, s.median, s.p95, s.stdev, s.iqr) == (1, 4.0, 4.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_as_dict_keys_and_suffix() -> None:
+    s = summarize([1.0, 2.0, 3.0])
+    d = s.as_dict()
+    assert d == {
+        "n": 3,
+        "median_us": 2.0,
+        "p95_us": s.p95,
+        "min_us": 1.0,
+        "max_us": 3.0,
+        "mean_us": 2.0,
+        "stdev_us": 1.0,
+        "iqr_us": 1.0,
+    }
+    fields = [k for k in Summary.__dataclass_fields__ if k != "n"]
+    assert set(s.as_dict(suffix="_ms")) == {"n", *(f"{k}_ms" for k in fields)}
+
+
+def test_median_ci_coverage() -> None:
+    # Exponential(1) has median ln 2; the order-statistic interval at n=50 covers it ~96.7%.
+    rng = np.random.default_rng(1)
+    true_median = np.log(2.0)
+    draws = 400
+    hits = 0
+    for _ in range(draws):
+        lo, hi = median_ci(rng.exponential(1.0, size=50).tolist())
+        hits += lo <= true_median <= hi
+    assert 0.9 <= hits / draws <= 0.99
+
+
+def test_median_ci_narrows_with_n() -> None:
+    rng = np.random.default_rng(2)
+    widths = []
+    for n in (20, 200, 2000):
+        lo, hi = median_ci(rng.normal(100.0, 5.0, size=n).tolist())
+        assert lo <= hi
+        widths.append(hi - lo)
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_median_ci_known_ranks_and_tiny_n() -> None:
+    x = [float(v) for v in range(1, 11)]  # n=10: ranks 2 and 9 at 95% (standard sign-test table)
+    assert median_ci(x) == (2.0, 9.0)
+    assert median_ci(list(reversed(x))) == (2.0, 9.0)
+    assert median_ci([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)  # n=5: no ranks reach 95%
+    assert median_ci([7.0]) == (7.0, 7.0)
+    with pytest.raises(ValueError):
+        median_ci([])
+    with pytest.raises(ValueError):
+        median_ci([1.0, 2.0], confidence=1.0)
