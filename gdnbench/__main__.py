@@ -1,0 +1,3 @@
+from gdnbench.cli import main
+
+main()

@@ -1,0 +1,25 @@
+"""The gdnbench command line: one module per command, composed into one Typer app."""
+
+from __future__ import annotations
+
+import typer
+
+from gdnbench.cli import list as list_cmd
+from gdnbench.cli import run as run_cmd
+from gdnbench.cli import show as show_cmd
+
+app = typer.Typer(
+    name="gdnbench",
+    help="Benchmark Gated DeltaNet (GDN) kernels: YAML suites, reference checks, CUDA-graph timing, "
+         "Rich/CSV/JSON reports.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("run")(run_cmd.run)
+app.command("show")(show_cmd.show)
+app.command("list")(list_cmd.list_)
+
+
+def main() -> None:
+    app()

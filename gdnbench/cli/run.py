@@ -1,0 +1,142 @@
+"""gdnbench run: run a YAML suite across backends, check every result, time it, report and save."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import torch
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gdnbench import provenance
+from gdnbench.backends import UnknownBackend, get_backend
+from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console
+from gdnbench.report import render
+from gdnbench.results import RunDir, load_run
+from gdnbench.runner import RunOptions, run_case, select_cases
+from gdnbench.suite import SuiteError, load_suite
+from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
+
+
+class DeviceOpt(str, Enum):
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class TimerOpt(str, Enum):
+    graph = "graph"
+    events = "events"
+    wall = "wall"
+
+
+class L2Opt(str, Enum):
+    cold = "cold"
+    warm = "warm"
+
+
+def run(
+    suite_spec: str = typer.Argument(..., metavar="SUITE",
+                                     help="A suite YAML file, or a shipped suite's name (see `gdnbench list`)."),
+    backends: Optional[str] = typer.Option(None, "--backends", "-b",
+                                           help="Comma-separated backends to run instead of the suite's."),
+    baseline: Optional[str] = typer.Option(None, help="Backend the speedups are relative to."),
+    device: Optional[DeviceOpt] = typer.Option(None, help="Default: cuda when a GPU is visible, else cpu."),
+    timer: Optional[TimerOpt] = typer.Option(
+        None, help="graph: CUDA-graph replay, device time (GPU default). events: eager calls between CUDA "
+                   "events, launch overhead included. wall: CPU clock (the only one on CPU)."),
+    l2: Optional[L2Opt] = typer.Option(None, help="cold: flush L2 before every sample (default); warm: don't."),
+    filter_: Optional[str] = typer.Option(None, "--filter", "-k", help="Only cases whose id contains TEXT."),
+    seed: Optional[int] = typer.Option(None, help="Input seed (default: the suite's)."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default: results/<suite>-<time>)."),
+    dump: Optional[Path] = typer.Option(None, help="Save each case's inputs and every backend's outputs "
+                                                   "(torch.save, one file per case) into DIR."),
+    strict: bool = typer.Option(False, help="Exit 1 on ERROR/OOM/TIMEOUT rows too, not only on FAIL/NAN."),
+) -> None:
+    """Run SUITE: every case on every backend, checked against the reference, then timed.
+
+    Exit code: 0 all checked rows pass, 1 a row FAILs (or with --strict errors), 2 bad input,
+    130 interrupted (rows measured so far are saved).
+    """
+    try:
+        suite = load_suite(suite_spec)
+    except SuiteError as e:
+        die(str(e))
+    names = [b.strip() for b in backends.split(",") if b.strip()] if backends else list(suite.backends)
+    try:
+        chosen = [get_backend(n) for n in names]
+    except UnknownBackend as e:
+        die(f"{suite.path}: backends: {e}")
+    base = baseline if baseline is not None else (suite.baseline if suite.baseline in names else None)
+    if base is not None:
+        if base not in names:
+            die(f"--baseline {base!r} is not among the backends run ({', '.join(names)})")
+        base = chosen[names.index(base)].name  # rows carry the backend's own name
+
+    dev = torch.device(device.value if device else ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        die("--device cuda: no CUDA device is visible to torch")
+    timer_name = timer.value if timer else suite.timing.timer
+    if timer_name == "auto":
+        timer_name = default_timer(dev)
+    if dev.type == "cpu" and timer_name != "wall":
+        die(f"timer {timer_name!r} needs a CUDA device; on cpu only 'wall' exists")
+    t = suite.timing
+    l2_mode = "warm" if dev.type == "cpu" else (l2.value if l2 else t.l2)  # no L2 flush on a CPU
+    config = TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup,
+                          min_samples=t.min_samples, max_samples=t.max_samples, min_time_s=t.min_time_s,
+                          max_time_s=t.max_time_s, rel_ci=t.rel_ci)
+    cases = select_cases(suite, filter_)
+    if not cases:
+        die(f"--filter {filter_!r} matches none of the {len(suite.cases)} cases of {suite.path}")
+
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = RunDir(out or Path("results") / f"{suite.name}-{stamp}")
+    ceilings = measure_ceilings(dev)
+    meta = provenance.collect(
+        dev, argv=["gdnbench", *sys.argv[1:]],
+        suite={"name": suite.name, "path": suite.path, "sha256": suite.sha256, "cases": len(cases),
+               "filter": filter_},
+        backend_versions={b.name: b.version() for b in chosen})
+    meta.update(seed=seed if seed is not None else suite.seed, backends=names, baseline=base,
+                timing=config.__dict__, reference=suite.reference.model_dump(),
+                tolerances=suite.tolerances.model_dump(), ceilings=ceilings, status="running")
+    run_dir.write_meta(meta)
+    opts = RunOptions(device=dev, timing=config, baseline=base, seed=meta["seed"], dump_dir=dump,
+                      ceilings=ceilings)
+
+    err_console.print(f"[bold]{suite.name}[/bold]: {len(cases)} cases x {len(chosen)} backends on "
+                      f"{meta['device']['name']} ({config.timer} timer, L2 {config.l2}) -> {run_dir.path}")
+    progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
+    task = progress.add_task("starting", total=len(cases) * len(chosen))
+    try:
+        with progress:
+            for case in cases:
+                def step(desc: str) -> None:
+                    progress.update(task, description=desc[:90])
+
+                rows, samples = run_case(case, chosen, suite, opts, on_step=step)
+                run_dir.add_case(rows, samples)
+                progress.advance(task, len(chosen))
+        meta["status"] = "complete"
+    except KeyboardInterrupt:
+        meta["status"] = "interrupted"
+    finally:
+        meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        run_dir.write_meta(meta)
+
+    if not run_dir.rows:
+        err_console.print("interrupted before any case finished; nothing measured")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    df, _ = load_run(run_dir.path)
+    render(df, meta, console)
+    console.print(f"saved: {run_dir.path}/results.csv, run.json, samples.jsonl"
+                  + (f"; dumps in {dump}" if dump else ""))
+    if meta["status"] == "interrupted":
+        raise typer.Exit(EXIT_INTERRUPTED)
+    failing = {"FAIL", "NAN"} | ({"ERROR", "OOM", "TIMEOUT"} if strict else set())
+    raise typer.Exit(EXIT_FAIL if df["status"].isin(failing).any() else EXIT_OK)

@@ -1,0 +1,105 @@
+"""Rich tables of a run: one row per case, a column per backend (median / p95, speedup vs baseline)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"PASS": "green", "FAIL": "bold red", "NAN": "bold red", "ERROR": "red", "OOM": "red",
+                "TIMEOUT": "red", "SKIP": "dim"}
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def fmt_us(us: float | None) -> str:
+    if us is None:
+        return "-"
+    if us >= 10_000:
+        return f"{us / 1000:.1f}ms"
+    return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
+
+
+def _cell(r: pd.Series, baseline: str | None) -> Text:
+    status = str(r["status"])
+    med, p95 = _num(r.get("median_us")), _num(r.get("p95_us"))
+    if status == "PASS" and med is not None:
+        t = Text(f"{fmt_us(med)} / {fmt_us(p95)}")
+        sp = _num(r.get("speedup"))
+        if sp is not None and r["backend"] != baseline:
+            t.append(f"  {sp:.2f}x", style="bold green" if sp >= 1 else "yellow")
+        if str(r.get("converged")) == "False":
+            t.append(" ~", style="yellow")  # not converged: the spread did not settle within the cap
+        return t
+    if status == "FAIL" and med is not None:
+        return Text(f"FAIL {fmt_us(med)}", style=STATUS_STYLE[status])
+    return Text(status if status != "SKIP" else "skip", style=STATUS_STYLE.get(status, ""))
+
+
+def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
+    backends = list(dict.fromkeys(df["backend"]))
+    baseline = next((b for b in df.get("baseline", pd.Series(dtype=object)).dropna().unique()), None)
+    dev = (meta.get("device") or {}).get("name") or (df["device"].iloc[0] if "device" in df and len(df) else "?")
+    timed = df[df["timer"].notna()] if "timer" in df else df.iloc[0:0]
+    timers = ", ".join(sorted({f"{t}/L2 {l2}" for t, l2 in zip(timed.get("timer", []), timed.get("l2", []))}))
+    suite = df["suite"].iloc[0] if len(df) else "?"
+    title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
+    caption = "median / p95 in us" + (f"; speedup vs {baseline} (baseline median / median)" if baseline else "")
+    table = Table(title=title, caption=caption + "; ~ = did not converge", header_style="bold")
+    table.add_column("case", overflow="fold")
+    for b in backends:
+        table.add_column(b + (" (base)" if b == baseline else ""), justify="right")
+    for case_id, group in df.groupby("case_id", sort=False):
+        by_backend = {r["backend"]: r for _, r in group.iterrows()}
+        table.add_row(str(case_id), *[_cell(by_backend[b], baseline) if b in by_backend else Text("")
+                                      for b in backends])
+    return table
+
+
+def problems_table(df: pd.DataFrame) -> Table | None:
+    """Every non-PASS row with its reason; SKIP reasons once per (backend, reason)."""
+    bad = df[df["status"] != "PASS"]
+    if bad.empty:
+        return None
+    table = Table(title="Not passing", header_style="bold", show_lines=False)
+    for col in ("status", "backend", "case", "reason"):
+        table.add_column(col, overflow="fold")
+    skips = bad[bad["status"] == "SKIP"]
+    for (backend, reason), group in skips.groupby(["backend", "error"], sort=False, dropna=False):
+        table.add_row(Text("SKIP", style="dim"), str(backend), f"{len(group)} case(s)", str(reason))
+    for _, r in bad[bad["status"] != "SKIP"].iterrows():
+        reason = str(r.get("error") or "")
+        if isinstance(r.get("note"), str) and r["note"].startswith("at "):
+            reason += f" ({r['note']})"
+        table.add_row(Text(str(r["status"]), style=STATUS_STYLE.get(str(r["status"]), "")), str(r["backend"]),
+                      str(r["case_id"]), reason)
+    return table
+
+
+def status_line(df: pd.DataFrame) -> str:
+    counts = df["status"].value_counts()
+    return "  ".join(f"{s}: {counts[s]}" for s in ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")
+                     if s in counts)
+
+
+def render(df: pd.DataFrame, meta: dict[str, Any], console: Console) -> None:
+    """Print the results table, the reasons for every non-PASS row, and the status counts."""
+    if df.empty:
+        console.print("[yellow]no rows[/yellow]")
+        return
+    console.print(results_table(df, meta))
+    extra = problems_table(df)
+    if extra is not None:
+        console.print(extra)
+    state = meta.get("status")
+    console.print(status_line(df) + (f"   run {state}" if state and state != "complete" else ""))

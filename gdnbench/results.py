@@ -1,0 +1,103 @@
+"""A run directory on disk: results.csv (tidy rows), samples.jsonl (raw samples), run.json (provenance).
+
+Rows are written as each case finishes, atomically, so an interrupt or a crash loses nothing that
+was already measured; run.json says whether the run completed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+
+# Column order of results.csv; case fields follow these.
+ROW_COLUMNS = [
+    "suite", "case_id", "backend", "status", "error", "path", "version", "device",
+    "timer", "l2", "n", "median_us", "p95_us", "min_us", "max_us", "mean_us", "stdev_us", "iqr_us",
+    "ci_lo_us", "ci_hi_us", "converged", "baseline", "speedup",
+    "rel_err_o", "max_err_o", "rel_err_state", "max_err_state", "tol_o", "tol_state",
+    "gbytes", "gflop", "gbps", "tflops", "pct_bw", "pct_flops", "warmup_s", "note",
+]
+CASE_COLUMNS = [
+    "op", "mode", "B", "T", "seq_lens", "num_seqs", "total_tokens", "H", "HV", "K", "V", "dtype",
+    "state_dtype", "gate_norm", "mask_p", "scale", "qk_l2norm", "gating", "initial_state",
+    "output_final_state", "pool_size", "slots",
+]
+COLUMNS = ROW_COLUMNS + CASE_COLUMNS
+STATUSES = ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")
+
+
+class RunDir:
+    """Writes one run's files into ``path`` as the run goes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict[str, Any]] = []
+        for name in ("results.csv", "samples.jsonl"):
+            (path / name).unlink(missing_ok=True)
+
+    def write_meta(self, meta: dict[str, Any]) -> None:
+        _atomic_write(self.path / "run.json", json.dumps({"schema": SCHEMA_VERSION, **meta}, indent=2,
+                                                           default=str))
+
+    def add_case(self, rows: Iterable[dict[str, Any]], samples: Iterable[dict[str, Any]]) -> None:
+        """Append one finished case: its rows (rewritten atomically) and its raw samples."""
+        self.rows.extend(rows)
+        with open(self.path / "samples.jsonl", "a") as f:
+            for s in samples:
+                f.write(json.dumps(s) + "\n")
+        tmp = self.path / "results.csv.tmp"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="raise")
+            w.writeheader()
+            for r in self.rows:
+                w.writerow({k: _cell(r.get(k)) for k in COLUMNS})
+        os.replace(tmp, self.path / "results.csv")
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return " ".join(str(x) for x in v)
+    return v
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunFilesError(Exception):
+    """A run directory or results file that cannot be read."""
+
+
+def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """(rows, run.json) of a saved run; ``path`` is the run directory or its results.csv."""
+    p = Path(path)
+    csv_path = p / "results.csv" if p.is_dir() else p
+    if not csv_path.exists():
+        raise RunFilesError(f"{path}: no results.csv there")
+    try:
+        df = pd.read_csv(csv_path, keep_default_na=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise RunFilesError(f"{csv_path}: not a gdnbench results.csv ({e})") from None
+    missing = [c for c in ("case_id", "backend", "status", "median_us") if c not in df.columns]
+    if missing:
+        raise RunFilesError(f"{csv_path}: not a gdnbench results.csv (missing columns {missing})")
+    meta_path = csv_path.parent / "run.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    return df, meta
+
+
+def load_samples(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    f = (p if p.is_dir() else p.parent) / "samples.jsonl"
+    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []

@@ -1,0 +1,212 @@
+"""The run loop: suite -> cases -> problem -> backends -> check -> timing -> stats -> rows.
+
+Per case: build the inputs, compute the reference once, then for every backend: SKIP if it is
+unavailable or does not support the case; otherwise prepare, call once (compile/autotune), check
+against the reference, and only then time it. Exceptions, OOM and timeouts become rows; the run goes
+on. Rows are handed to the RunDir as each case finishes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gdnbench import roofline, stats
+from gdnbench.backends import Backend
+from gdnbench.check import check, reference_outputs
+from gdnbench.problem import Problem, make_problem
+from gdnbench.results import RunDir
+from gdnbench.suite import Case, Suite
+from gdnbench.timing import Measurement, TimingConfig, measure
+
+
+@dataclass
+class RunOptions:
+    device: torch.device
+    timing: TimingConfig
+    baseline: str | None
+    seed: int
+    dump_dir: Path | None = None
+    ceilings: dict[str, float] | None = None  # measured copy GB/s and matmul TFLOP/s
+
+
+class BackendTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise BackendTimeout in the main thread after ``seconds`` (Python-level code only)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(_sig: int, _frame: Any) -> None:
+        raise BackendTimeout(f"exceeded the {seconds:g} s limit per (case, backend)")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def select_cases(suite: Suite, pattern: str | None) -> list[Case]:
+    """Cases whose id contains ``pattern`` (a plain substring; several may be given comma-free)."""
+    if not pattern:
+        return list(suite.cases)
+    return [c for c in suite.cases if pattern in c.id]
+
+
+def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
+             on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[dict], list[dict]]:
+    """Rows and raw samples for one case, one row per backend."""
+    base = {"suite": suite.name, "case_id": case.id, "device": _device_name(opts.device), **case.fields()}
+    rows: list[dict] = []
+    samples: list[dict] = []
+    try:
+        problem = make_problem(case, opts.seed, opts.device)
+        ref = reference_outputs(problem, suite.reference)
+    except Exception as e:  # e.g. OOM building a huge case: every backend row says so
+        status = "OOM" if isinstance(e, torch.OutOfMemoryError) else "ERROR"
+        msg = f"building inputs/reference failed: {type(e).__name__}: {e}"
+        _free(opts.device)
+        return [{**base, "backend": b.name, "status": status, "error": msg} for b in backends], []
+
+    dumped: dict[str, dict[str, torch.Tensor | None]] = {}
+    for b in backends:
+        on_step(f"{b.name}  {case.id}")
+        row = {**base, "backend": b.name, "version": b.version()}
+        reason = b.unavailable() or b.unsupported(case, opts.device)
+        if reason:
+            rows.append({**row, "status": "SKIP", "error": reason})
+            continue
+        try:
+            with time_limit(suite.timing.timeout_s):
+                row.update(_run_backend(b, problem, ref, suite, opts, samples, dumped))
+        except BackendTimeout as e:
+            row.update(status="TIMEOUT", error=str(e))
+        except torch.OutOfMemoryError as e:
+            row.update(status="OOM", error=_first_line(e))
+        except Exception as e:
+            row.update(status="ERROR", error=f"{type(e).__name__}: {_first_line(e)}",
+                       note=_where(e))
+        finally:
+            _free(opts.device)
+        rows.append(row)
+
+    _add_speedups(rows, opts.baseline)
+    if opts.dump_dir is not None:
+        _dump(opts.dump_dir, problem, {"reference": _dumpable(ref, problem), **dumped})
+    return rows, samples
+
+
+def _run_backend(b: Backend, p: Problem, ref: Any, suite: Suite, opts: RunOptions,
+                 samples: list[dict], dumped: dict) -> dict[str, Any]:
+    prepared = b.prepare(p)
+    out: dict[str, Any] = {"path": prepared.path}
+    if prepared.reset:
+        prepared.reset()
+    t0 = time.perf_counter()
+    prepared.call()  # first call: JIT compile / autotune, and the result we check
+    _sync(opts.device)
+    out["warmup_s"] = round(time.perf_counter() - t0, 4)
+    result = prepared.outputs()
+    if opts.dump_dir is not None:
+        dumped[b.name] = _dumpable(result, p)
+    verdict = check(result, ref, p, suite.tolerances)
+    out.update(status=verdict.status, error=verdict.message, **verdict.as_dict())
+    if verdict.status == "NAN":
+        return out  # nothing worth timing
+
+    m = measure(prepared.call, device=opts.device, config=opts.timing, reset=prepared.reset)
+    out.update(_timing_columns(m, p.case, opts))
+    samples.append({"case_id": p.case.id, "backend": b.name, "timer": m.timer, "l2": m.l2,
+                    "samples_us": m.samples_us})
+    return out
+
+
+def _timing_columns(m: Measurement, case: Case, opts: RunOptions) -> dict[str, Any]:
+    s = stats.summarize(m.samples_us)
+    lo, hi = stats.median_ci(m.samples_us)
+    nbytes, flops = roofline.traffic(case)
+    sec = s.median * 1e-6
+    cols: dict[str, Any] = {"timer": m.timer, "l2": m.l2, **s.as_dict(), "ci_lo_us": lo, "ci_hi_us": hi,
+                            "converged": m.converged, "gbytes": nbytes / 1e9, "gflop": flops / 1e9,
+                            "gbps": nbytes / sec / 1e9, "tflops": flops / sec / 1e12}
+    if m.note:
+        cols["note"] = m.note
+    ceil = opts.ceilings or {}
+    if ceil.get("copy_gbps"):
+        cols["pct_bw"] = 100 * cols["gbps"] / ceil["copy_gbps"]
+    if ceil.get("matmul_tflops"):
+        cols["pct_flops"] = 100 * cols["tflops"] / ceil["matmul_tflops"]
+    return cols
+
+
+def _add_speedups(rows: list[dict], baseline: str | None) -> None:
+    """speedup = baseline median / backend median, for timed PASS rows when the baseline passed."""
+    if baseline is None:
+        return
+    ref = next((r for r in rows if r["backend"] == baseline), None)
+    if ref is None or ref.get("status") != "PASS" or not ref.get("median_us"):
+        return
+    for r in rows:
+        r["baseline"] = baseline
+        if r.get("status") == "PASS" and r.get("median_us"):
+            r["speedup"] = ref["median_us"] / r["median_us"]
+
+
+def _dumpable(result: Any, p: Problem) -> dict[str, torch.Tensor | None]:
+    """o and the final state on the CPU; for decode the final state is the pool at slot_idx."""
+    state = result.final_state
+    if p.case.op == "decode" and result.state_pool is not None:
+        state = result.state_pool[p.slot_idx.long()]
+    return {"o": result.o.detach().cpu(), "final_state": None if state is None else state.detach().cpu()}
+
+
+def _dump(dump_dir: Path, p: Problem, outputs: dict) -> None:
+    """One torch.save file per case: its fields, canonical inputs and each backend's outputs (CPU)."""
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    inputs = {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in p.tensors().items()}
+    name = re.sub(r"[^A-Za-z0-9=.,_-]+", "_", p.case.id) + ".pt"
+    torch.save({"case": p.case.fields(), "inputs": inputs, "outputs": outputs}, dump_dir / name)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    if device.type == "cuda":
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:500] if text else type(e).__name__
+
+
+def _where(e: BaseException) -> str:
+    """The innermost frame of the traceback, so an ERROR row points at the failing line."""
+    tb = traceback.extract_tb(e.__traceback__)
+    return f"at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""

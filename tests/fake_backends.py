@@ -1,0 +1,84 @@
+"""Backends that misbehave on purpose, to test the harness's own handling of failures.
+
+Suites in the tests name them as ``tests.fake_backends:NAME``.
+"""
+
+import time
+
+import torch
+
+from gdnbench.backends import Outputs, Prepared, backend
+from gdnbench.backends.torch_common import prepare as reference_prepare
+
+ANY = dict(ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"})
+
+
+def _wrapped(p, change):
+    """The fp32 reference, with its outputs passed through ``change``."""
+    inner = reference_prepare(p, "recurrent")
+    return Prepared(inner.call, lambda: change(inner.outputs()), inner.reset, "fake")
+
+
+@backend("fake.ok", **ANY)
+def ok(p):
+    return _wrapped(p, lambda out: out)
+
+
+@backend("fake.raises", **ANY)
+def raises(p):
+    raise RuntimeError("boom: the kernel exploded")
+
+
+@backend("fake.nan", **ANY)
+def nan(p):
+    return _wrapped(p, lambda out: Outputs(torch.full_like(out.o, float("nan")), out.final_state, out.state_pool))
+
+
+@backend("fake.wrong", **ANY)
+def wrong(p):
+    return _wrapped(p, lambda out: Outputs(out.o * 1.1, out.final_state, out.state_pool))
+
+
+@backend("fake.oom", **ANY)
+def oom(p):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 TiB")
+
+
+@backend("fake.slow", **ANY)
+def slow(p):
+    def call():
+        time.sleep(5)
+
+    return Prepared(call, lambda: None)
+
+
+@backend("fake.missing", requires=("no_such_module_for_gdnbench",), **ANY)
+def missing(p):
+    raise AssertionError("never prepared: its module does not import")
+
+
+@backend("fake.clobber", **ANY)
+def clobber(p):
+    """Decode backend that also writes a slot it was not given."""
+
+    def change(out):
+        pool = out.state_pool.clone()
+        untouched = [s for s in range(pool.shape[0]) if s not in set(p.slot_idx.tolist())]
+        pool[untouched[0]] += 1
+        return Outputs(out.o, out.final_state, pool)
+
+    return _wrapped(p, change)
+
+
+class Interrupt:
+    """Raises KeyboardInterrupt from the second problem it is given (a user's Ctrl-C mid-run)."""
+
+    calls = 0
+
+
+@backend("fake.interrupt", **ANY)
+def interrupt(p):
+    Interrupt.calls += 1
+    if Interrupt.calls >= 2:
+        raise KeyboardInterrupt
+    return ok.prepare(p)

@@ -1,0 +1,156 @@
+"""The CLI end to end through Typer's CliRunner: exit codes, files, failure rows, dumps, show, list."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from typer.testing import CliRunner
+
+from gdnbench.cli import app
+from gdnbench.results import COLUMNS
+from tests.fake_backends import Interrupt
+
+runner = CliRunner()
+FAST = {"min_samples": 3, "min_time_s": 0.0, "max_time_s": 0.2, "warmup": 1}
+CASES = [{"B": 1, "T": 9, "H": 1, "HV": 2, "D": 8},
+         {"mode": "varlen", "seq_lens": [3, 6], "H": 1, "D": 8},
+         {"op": "decode", "B": 2, "H": 1, "D": 8, "pool_size": 5, "slots": "scattered"}]
+
+
+def write_suite(tmp_path, backends, cases=CASES, **extra):
+    path = tmp_path / "suite.yaml"
+    raw = {"name": "t", "backends": backends, "timing": FAST, "defaults": {"dtype": "fp32"}, "cases": cases,
+           **extra}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def run(*args):
+    return runner.invoke(app, ["run", *map(str, args)])
+
+
+def test_smoke_suite_runs_and_writes_everything(tmp_path):
+    out = tmp_path / "out"
+    res = run("smoke", "--out", out)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out / "results.csv")
+    assert list(df.columns) == COLUMNS
+    assert (df["status"] == "PASS").all() and len(df) == 12
+    assert set(df["timer"]) == {"wall"} and set(df["l2"]) == {"warm"}
+    assert (df["rel_err_o"] < 1e-5).all()
+    assert df["n"].min() >= 5 and (df["median_us"] > 0).all() and (df["gbps"] > 0).all()
+    base = df[df["backend"] == "torch.recurrent"]
+    assert (base["speedup"] == 1).all()
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["seed"] == 0 and len(meta["suite"]["sha256"]) == 64
+    assert {"torch", "triton", "gdnbench"} <= set(meta["versions"]) and "sha" in meta["git"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == len(df)
+    first = df.iloc[0]
+    match = next(s for s in samples if s["case_id"] == first["case_id"] and s["backend"] == first["backend"])
+    assert len(match["samples_us"]) == first["n"]
+    assert "prefill/padded/B=2,T=40" in res.output
+
+
+def test_misbehaving_backends_become_rows_and_the_run_goes_on(tmp_path):
+    names = ["fake.ok", "raises", "nan", "wrong", "oom", "missing"]
+    backends = ["tests.fake_backends:" + ("ok" if n == "fake.ok" else n) for n in names]
+    suite = write_suite(tmp_path, backends, baseline="tests.fake_backends:ok")
+    res = run(suite, "--out", tmp_path / "out")
+    assert res.exit_code == 1, res.output  # a FAIL row: CI can gate on correctness
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    status = df.groupby("backend")["status"].agg(set).to_dict()
+    assert status == {"fake.ok": {"PASS"}, "fake.raises": {"ERROR"}, "fake.nan": {"NAN"},
+                      "fake.wrong": {"FAIL"}, "fake.oom": {"OOM"}, "fake.missing": {"SKIP"}}
+    assert df[df.backend == "fake.raises"]["error"].str.contains("boom").all()
+    assert df[df.backend == "fake.missing"]["error"].str.contains("no_such_module_for_gdnbench").all()
+    wrong = df[df.backend == "fake.wrong"]
+    assert wrong["speedup"].isna().all() and (wrong["rel_err_o"] > 0.05).all() and wrong["median_us"].notna().all()
+    assert df[df.backend == "fake.nan"]["median_us"].isna().all()
+    assert (df[df.backend == "fake.ok"]["speedup"] == 1).all()
+    assert "boom" in res.output and "Not passing" in res.output
+
+
+def test_errors_alone_exit_zero_unless_strict(tmp_path):
+    suite = write_suite(tmp_path, ["torch.recurrent", "tests.fake_backends:raises"], cases=CASES[:1])
+    assert run(suite, "--out", tmp_path / "a").exit_code == 0
+    assert run(suite, "--out", tmp_path / "b", "--strict").exit_code == 1
+
+
+def test_timeout_becomes_a_row(tmp_path):
+    suite = write_suite(tmp_path, ["tests.fake_backends:slow", "torch.chunk"], cases=CASES[:1],
+                        timing={**FAST, "timeout_s": 0.3})
+    res = run(suite, "--out", tmp_path / "out")
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert df.set_index("backend")["status"].to_dict() == {"fake.slow": "TIMEOUT", "torch.chunk": "PASS"}
+
+
+def test_decode_pool_outside_slots_is_caught(tmp_path):
+    suite = write_suite(tmp_path, ["tests.fake_backends:clobber"], cases=CASES[2:])
+    assert run(suite, "--out", tmp_path / "out").exit_code == 1
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert df["error"].str.contains("outside slot_idx").all()
+
+
+def test_interrupt_keeps_finished_cases(tmp_path):
+    Interrupt.calls = 0
+    suite = write_suite(tmp_path, ["tests.fake_backends:interrupt"])
+    res = run(suite, "--out", tmp_path / "out")
+    assert res.exit_code == 130
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert len(df) == 1 and df["status"].iloc[0] == "PASS"
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_filter_backends_baseline_and_dump(tmp_path):
+    suite = write_suite(tmp_path, ["torch.recurrent"])
+    res = run(suite, "--out", tmp_path / "out", "--filter", "decode", "--backends", "torch.chunk,torch.recurrent",
+              "--baseline", "torch.chunk", "--dump", tmp_path / "dump", "--seed", 5)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert set(df["case_id"]) == {c for c in df["case_id"] if c.startswith("decode/")} and len(df) == 2
+    assert set(df["baseline"]) == {"torch.chunk"}
+    files = list((tmp_path / "dump").glob("*.pt"))
+    assert len(files) == 1
+    d = torch.load(files[0], weights_only=False)
+    assert d["case"]["op"] == "decode" and d["inputs"]["qk_l2norm"] == "pre"
+    assert {"q", "k", "v", "g", "beta", "state_pool", "slot_idx", "scale"} <= set(d["inputs"])
+    assert set(d["outputs"]) == {"reference", "torch.chunk", "torch.recurrent"}
+    assert d["outputs"]["torch.chunk"]["final_state"].shape == (2, 1, 8, 8)
+    assert torch.allclose(d["outputs"]["torch.chunk"]["o"], d["outputs"]["reference"]["o"], atol=1e-5)
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["seed"] == 5
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["nope.yaml"], "no shipped suite"),
+    (["smoke", "--backends", "torch.nope"], "no backend named 'torch.nope'"),
+    (["smoke", "--backends", "torch.chunk", "--baseline", "torch.recurrent"], "--baseline"),
+    (["smoke", "--timer", "graph", "--device", "cpu"], "needs a CUDA device"),
+    (["smoke", "--filter", "no-such-case"], "matches none"),
+    (["smoke", "--backends", "tests.fake_backends:nothing_here"], "cannot load backend"),
+])
+def test_bad_input_exits_2(args, needle, tmp_path):
+    res = run(*args, "--out", tmp_path / "out")
+    assert res.exit_code == 2
+    assert needle in res.output
+
+
+def test_bad_suite_exits_2_naming_file_case_and_field(tmp_path):
+    suite = write_suite(tmp_path, ["torch.chunk"], cases=[CASES[0], {**CASES[0], "HV": 3, "H": 2}])
+    res = run(suite)
+    assert res.exit_code == 2
+    assert "suite.yaml" in res.output and "cases[1]" in res.output and "HV=3" in res.output
+
+
+def test_show_rerenders_and_list(tmp_path):
+    suite = write_suite(tmp_path, ["torch.recurrent", "tests.fake_backends:wrong"], cases=CASES[:1])
+    run(suite, "--out", tmp_path / "out")
+    res = runner.invoke(app, ["show", str(tmp_path / "out")])
+    assert res.exit_code == 0 and "prefill/padded/B=1,T=9" in res.output and "FAIL" in res.output
+    assert runner.invoke(app, ["show", str(tmp_path / "missing")]).exit_code == 2
+    (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
+    assert runner.invoke(app, ["show", str(tmp_path / "junk.csv")]).exit_code == 2
+    res = runner.invoke(app, ["list"])
+    assert res.exit_code == 0 and "torch.recurrent" in res.output and "parity" in res.output
