@@ -28,7 +28,9 @@ def write_suite(tmp_path, backends, cases=CASES, **extra):
 
 
 def run(*args):
-    return runner.invoke(app, ["run", *map(str, args)])
+    # CPU unless a test says otherwise, so the suite means the same on a GPU machine
+    device = [] if "--device" in args else ["--device", "cpu"]
+    return runner.invoke(app, ["run", *map(str, args), *device])
 
 
 def test_smoke_suite_runs_and_writes_everything(tmp_path):
