@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
+import os
 import platform
 import shutil
 import socket
@@ -76,8 +77,11 @@ def git_state() -> dict[str, Any]:
         return r.stdout.strip() if r.returncode == 0 else None
 
     sha = git("rev-parse", "HEAD")
+    if sha is None and os.environ.get("GDNBENCH_GIT_SHA"):
+        # a copy of the tree without .git (e.g. shipped to a GPU box): the sender says which commit
+        return {"sha": os.environ["GDNBENCH_GIT_SHA"], "dirty": None, "source": "GDNBENCH_GIT_SHA"}
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"sha": sha, "dirty": bool(status) if status is not None else None}
+    return {"sha": sha, "dirty": bool(status) if status is not None else None, "source": "git"}
 
 
 def _version(dist: str) -> str | None:

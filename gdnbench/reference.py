@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["l2norm", "gdn_recurrent", "gdn_chunk", "gdn_decode", "gate_from_raw"]
+__all__ = ["l2norm", "gdn_recurrent", "gdn_chunk", "gdn_decode", "gate_from_raw", "VarlenLayout",
+           "SlotLayout"]
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -65,6 +66,51 @@ def gate_from_raw(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple
 # --------------------------------------------------------------------------------------------------
 
 
+class VarlenLayout:
+    """Where each packed token sits in the padded [N, Tmax] batch, validated once.
+
+    Building it reads cu_seqlens on the host; passing a prebuilt layout as ``cu_seqlens`` keeps the
+    solvers free of host syncs, so a timed call can be captured in a CUDA graph.
+    """
+
+    def __init__(self, N: int, T: int, Tmax: int, seq: Tensor, pos: Tensor) -> None:
+        self.N, self.T, self.Tmax, self.seq, self.pos = N, T, Tmax, seq, pos
+
+    @classmethod
+    def build(cls, cu_seqlens: Tensor, T: int) -> VarlenLayout:
+        cu = cu_seqlens.to(dtype=torch.long)
+        if cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError("cu_seqlens must be 1-D with at least 2 entries")
+        bounds = cu.tolist()
+        lens = [b - a for a, b in zip(bounds, bounds[1:])]
+        if bounds[0] != 0 or bounds[-1] != T or min(lens) < 0:
+            raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {bounds}")
+        N = len(lens)
+        # Packed token p belongs to sequence seq[p] at position pos[p] inside it.
+        seq = torch.repeat_interleave(torch.arange(N, device=cu.device), cu[1:] - cu[:-1], output_size=T)
+        pos = torch.arange(T, device=cu.device) - cu[seq]
+        return cls(N, T, max(lens), seq, pos)
+
+
+class SlotLayout:
+    """Decode slots split into live rows and padding, validated once (host syncs happen here only)."""
+
+    def __init__(self, slot_idx: Tensor, pool_size: int) -> None:
+        slots = slot_idx.to(dtype=torch.long)
+        values = slots.tolist()
+        if any(s >= pool_size for s in values):
+            raise ValueError(f"slot_idx out of range for a pool of {pool_size} slots")
+        live = [s for s in values if s >= 0]
+        if len(set(live)) != len(live):
+            # Two sequences writing one slot has no well-defined result.
+            raise ValueError("slot_idx repeats a non-negative slot")
+        self.pool_size = pool_size
+        self.valid = slots >= 0  # [B] bool
+        self.gather = slots.clamp(min=0)  # padding rows read slot 0 and are then zeroed
+        self.rows = torch.tensor([i for i, s in enumerate(values) if s >= 0], dtype=torch.long, device=slots.device)
+        self.live = torch.tensor(live, dtype=torch.long, device=slots.device)
+
+
 class _Prepared:
     """Inputs in the internal layout [N, HV, Tmax, D] (and [N, HV, Tmax] for g, beta), compute dtype.
 
@@ -82,7 +128,7 @@ class _Prepared:
         beta: Tensor,
         scale: float | None,
         initial_state: Tensor | None,
-        cu_seqlens: Tensor | None,
+        cu_seqlens: Tensor | VarlenLayout | None,
         qk_l2norm: bool,
         compute_dtype: torch.dtype,
     ) -> None:
@@ -124,18 +170,10 @@ class _Prepared:
         else:
             if B != 1:
                 raise ValueError(f"varlen (cu_seqlens) requires B == 1, got B={B}")
-            cu = cu_seqlens.to(device=q.device, dtype=torch.long)
-            if cu.dim() != 1 or cu.numel() < 2:
-                raise ValueError("cu_seqlens must be 1-D with at least 2 entries")
-            lens = cu[1:] - cu[:-1]
-            # Host syncs are fine in a reference; silent misuse is not.
-            if int(cu[0]) != 0 or int(cu[-1]) != T or bool((lens < 0).any()):
-                raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {cu.tolist()}")
-            N = cu.numel() - 1
-            Tmax = int(lens.max())
-            # Packed token p belongs to sequence seq[p] at position pos[p] inside it.
-            seq = torch.repeat_interleave(torch.arange(N, device=q.device), lens, output_size=T)
-            pos = torch.arange(T, device=q.device) - cu[seq]
+            lay = cu_seqlens if isinstance(cu_seqlens, VarlenLayout) else VarlenLayout.build(cu_seqlens, T)
+            if lay.T != T:
+                raise ValueError(f"the varlen layout covers {lay.T} tokens, the inputs have T={T}")
+            N, Tmax, seq, pos = lay.N, lay.Tmax, lay.seq, lay.pos
             self._seq, self._pos = seq, pos
 
             def pad(x: Tensor) -> Tensor:  # [1, T, ...] -> [N, Tmax, ...], zeros elsewhere
@@ -179,7 +217,7 @@ def gdn_recurrent(
     *,
     scale: float | None = None,
     initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
+    cu_seqlens: Tensor | VarlenLayout | None = None,
     qk_l2norm: bool = False,
     output_final_state: bool = True,
     compute_dtype: torch.dtype = torch.float32,
@@ -217,7 +255,7 @@ def gdn_chunk(
     *,
     scale: float | None = None,
     initial_state: Tensor | None = None,
-    cu_seqlens: Tensor | None = None,
+    cu_seqlens: Tensor | VarlenLayout | None = None,
     qk_l2norm: bool = False,
     output_final_state: bool = True,
     compute_dtype: torch.dtype = torch.float32,
@@ -286,7 +324,7 @@ def gdn_decode(
     beta: Tensor,
     *,
     state_pool: Tensor,
-    slot_idx: Tensor,
+    slot_idx: Tensor | SlotLayout,
     scale: float | None = None,
     qk_l2norm: bool = False,
     compute_dtype: torch.dtype = torch.float32,
@@ -294,36 +332,29 @@ def gdn_decode(
 ) -> Tensor:
     """Decode (T >= 1 tokens per sequence) against a state pool, updating the pool in place.
 
-    state_pool [S, HV, K, V] (fp32 or bf16), slot_idx [B] (int32; negative = padding sequence).
-    Sequence b starts from pool[slot_idx[b]] (upcast), runs ``solve`` (gdn_recurrent or gdn_chunk; extra
-    keyword arguments go to it), and its final state is cast back and written to the same slot. Padding
-    sequences get zero output and touch no slot; every other slot is left bit-identical.
-    Returns o [B, T, HV, V] in compute_dtype.
+    state_pool [S, HV, K, V] (fp32 or bf16), slot_idx [B] (int32; negative = padding sequence), or a
+    prebuilt SlotLayout of it (no host syncs then). Sequence b starts from pool[slot_idx[b]] (upcast),
+    runs ``solve`` (gdn_recurrent or gdn_chunk; extra keyword arguments go to it), and its final state is
+    cast back and written to the same slot. Padding sequences get zero output and touch no slot; every
+    other slot is left bit-identical. Returns o [B, T, HV, V] in compute_dtype.
     """
     B = q.shape[0]
-    if slot_idx.shape != (B,):
-        raise ValueError(f"slot_idx must be [B] = [{B}], got {tuple(slot_idx.shape)}")
     if state_pool.dim() != 4:
         raise ValueError(f"state_pool must be [S, HV, K, V], got {tuple(state_pool.shape)}")
-    slots = slot_idx.to(device=state_pool.device, dtype=torch.long)
-    valid = slots >= 0
-    if bool((slots >= state_pool.shape[0]).any()):
-        raise ValueError(f"slot_idx out of range for a pool of {state_pool.shape[0]} slots")
-    live = slots[valid]
-    if live.unique().numel() != live.numel():
-        # Two sequences writing one slot has no well-defined result.
-        raise ValueError("slot_idx repeats a non-negative slot")
+    lay = slot_idx if isinstance(slot_idx, SlotLayout) else SlotLayout(slot_idx, state_pool.shape[0])
+    if lay.valid.shape != (B,) or lay.pool_size != state_pool.shape[0]:
+        raise ValueError(f"slot_idx must be [B] = [{B}] for a pool of {state_pool.shape[0]} slots")
 
     # Padding rows start from zeros rather than from whatever slot a clamp would point at; the negative
     # index itself must never reach the pool (-1 would silently mean the last slot).
-    h0 = state_pool[slots.clamp(min=0)].to(compute_dtype)
-    h0 = torch.where(valid[:, None, None, None], h0, torch.zeros_like(h0))
+    valid = lay.valid[:, None, None, None]
+    h0 = state_pool[lay.gather].to(compute_dtype)
+    h0 = torch.where(valid, h0, torch.zeros_like(h0))
     o, final = solve(
         q, k, v, g, beta,
         scale=scale, initial_state=h0, qk_l2norm=qk_l2norm,
         output_final_state=True, compute_dtype=compute_dtype, **kw,
     )
     assert final is not None
-    state_pool[live] = final[valid.to(final.device)].to(state_pool.dtype)
-    o = torch.where(valid.to(o.device)[:, None, None, None], o, torch.zeros_like(o))
-    return o
+    state_pool[lay.live] = final[lay.rows].to(state_pool.dtype)
+    return torch.where(valid, o, torch.zeros_like(o))
