@@ -30,13 +30,13 @@ def fmt_us(us: float | None) -> str:
     return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
 
 
-def _cell(r: pd.Series, baseline: str | None) -> Text:
+def _cell(r: pd.Series) -> Text:
     status = str(r["status"])
     med, p95 = _num(r.get("median_us")), _num(r.get("p95_us"))
     if status == "PASS" and med is not None:
         t = Text(f"{fmt_us(med)} / {fmt_us(p95)}")
         sp = _num(r.get("speedup"))
-        if sp is not None and r["backend"] != baseline:
+        if sp is not None and r["backend"] != r.get("baseline"):
             t.append(f"  {sp:.2f}x", style="bold green" if sp >= 1 else "yellow")
         if str(r.get("converged")) == "False":
             t.append(" ~", style="yellow")  # not converged: the spread did not settle within the cap
@@ -48,20 +48,21 @@ def _cell(r: pd.Series, baseline: str | None) -> Text:
 
 def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
     backends = list(dict.fromkeys(df["backend"]))
-    baseline = next((b for b in df.get("baseline", pd.Series(dtype=object)).dropna().unique()), None)
+    baselines = list(df["baseline"].dropna().unique()) if "baseline" in df else []
     dev = (meta.get("device") or {}).get("name") or (df["device"].iloc[0] if "device" in df and len(df) else "?")
     timed = df[df["timer"].notna()] if "timer" in df else df.iloc[0:0]
     timers = ", ".join(sorted({f"{t}/L2 {l2}" for t, l2 in zip(timed.get("timer", []), timed.get("l2", []))}))
     suite = df["suite"].iloc[0] if len(df) else "?"
     title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
-    caption = "median / p95 in us" + (f"; speedup vs {baseline} (baseline median / median)" if baseline else "")
+    caption = "median / p95 in us" + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)"
+                                      if baselines else "")
     table = Table(title=title, caption=caption + "; ~ = did not converge", header_style="bold")
     table.add_column("case", overflow="fold")
     for b in backends:
-        table.add_column(b + (" (base)" if b == baseline else ""), justify="right")
+        table.add_column(b + (" (base)" if b in baselines else ""), justify="right")
     for case_id, group in df.groupby("case_id", sort=False):
         by_backend = {r["backend"]: r for _, r in group.iterrows()}
-        table.add_row(str(case_id), *[_cell(by_backend[b], baseline) if b in by_backend else Text("")
+        table.add_row(str(case_id), *[_cell(by_backend[b]) if b in by_backend else Text("")
                                       for b in backends])
     return table
 

@@ -34,7 +34,7 @@ from gdnbench.timing import Measurement, TimingConfig, measure
 class RunOptions:
     device: torch.device
     timing: TimingConfig
-    baseline: str | None
+    baseline: dict[str, str]  # op -> backend name
     seed: int
     dump_dir: Path | None = None
     ceilings: dict[str, float] | None = None  # measured copy GB/s and matmul TFLOP/s
@@ -107,7 +107,7 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
             _free(opts.device)
         rows.append(row)
 
-    _add_speedups(rows, opts.baseline)
+    _add_speedups(rows, opts.baseline.get(case.op))
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, problem, {"reference": _dumpable(ref, problem), **dumped})
     return rows, samples

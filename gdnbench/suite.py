@@ -190,7 +190,8 @@ class Suite(_Strict):
     path: str = ""
     seed: int = 0
     backends: tuple[str, ...] = ("torch.recurrent", "torch.chunk")
-    baseline: str | None = None
+    baseline: str | dict[Op, str] | None = Field(
+        None, description="backend the speedups are relative to, or one per op: {prefill: a, decode: b}")
     reference: ReferenceSettings = ReferenceSettings()
     tolerances: Tolerances = Tolerances()
     timing: TimingSettings = TimingSettings()
@@ -199,9 +200,16 @@ class Suite(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Suite:
-        if self.baseline is not None and self.baseline not in self.backends:
-            raise ValueError(f"baseline {self.baseline!r} is not one of backends {list(self.backends)}")
+        for name in self.baselines().values():
+            if name not in self.backends:
+                raise ValueError(f"baseline {name!r} is not one of backends {list(self.backends)}")
         return self
+
+    def baselines(self) -> dict[str, str]:
+        """The baseline backend per op ({} when the suite names none)."""
+        if isinstance(self.baseline, str):
+            return {"prefill": self.baseline, "decode": self.baseline}
+        return dict(self.baseline or {})
 
 
 _SUITE_KEYS = {"name", "description", "seed", "backends", "baseline", "reference", "tolerances",

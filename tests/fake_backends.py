@@ -47,7 +47,7 @@ def oom(p):
 @backend("fake.slow", **ANY)
 def slow(p):
     def call():
-        time.sleep(5)
+        time.sleep(30)
 
     return Prepared(call, lambda: None)
 

@@ -43,7 +43,8 @@ def run(
                                      help="A suite YAML file, or a shipped suite's name (see `gdnbench list`)."),
     backends: Optional[str] = typer.Option(None, "--backends", "-b",
                                            help="Comma-separated backends to run instead of the suite's."),
-    baseline: Optional[str] = typer.Option(None, help="Backend the speedups are relative to."),
+    baseline: Optional[str] = typer.Option(
+        None, help="Backend the speedups are relative to (default: the suite's, per op)."),
     device: Optional[DeviceOpt] = typer.Option(None, help="Default: cuda when a GPU is visible, else cpu."),
     timer: Optional[TimerOpt] = typer.Option(
         None, help="graph: CUDA-graph replay, device time (GPU default). events: eager calls between CUDA "
@@ -70,11 +71,11 @@ def run(
         chosen = [get_backend(n) for n in names]
     except UnknownBackend as e:
         die(f"{suite.path}: backends: {e}")
-    base = baseline if baseline is not None else (suite.baseline if suite.baseline in names else None)
-    if base is not None:
-        if base not in names:
-            die(f"--baseline {base!r} is not among the backends run ({', '.join(names)})")
-        base = chosen[names.index(base)].name  # rows carry the backend's own name
+    if baseline is not None and baseline not in names:
+        die(f"--baseline {baseline!r} is not among the backends run ({', '.join(names)})")
+    wanted = {"prefill": baseline, "decode": baseline} if baseline is not None else suite.baselines()
+    # rows carry each backend's own name; a suite baseline left out by --backends is dropped
+    base = {op: chosen[names.index(b)].name for op, b in wanted.items() if b in names}
 
     dev = torch.device(device.value if device else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
