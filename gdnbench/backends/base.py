@@ -114,9 +114,9 @@ class Backend:
         if case.HV != case.H and not self.gva:
             return f"{n}: no GVA support (HV={case.HV} != H={case.H})"
         if case.gating not in self.gating:
-            return f"{n}: gating {case.gating} not supported"
+            return f"{n}: gating: {case.gating} not supported (serves {', '.join(sorted(self.gating))})"
         if case.qk_l2norm not in self.qk_l2norm:
-            return f"{n}: qk_l2norm {case.qk_l2norm} not supported"
+            return f"{n}: qk_l2norm: {case.qk_l2norm} not supported (serves {', '.join(sorted(self.qk_l2norm))})"
         if self.archs is not None and device.type == "cuda":
             cc = torch.cuda.get_device_capability(device)
             if cc not in self.archs:
