@@ -46,7 +46,8 @@ def _cell(r: pd.Series) -> Text:
     return Text(status if status != "SKIP" else "skip", style=STATUS_STYLE.get(status, ""))
 
 
-def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
+def _grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], list[tuple[str, list[Text]]]]:
+    """(title, caption, column headers, rows of cells): one row per case, a column per backend."""
     backends = list(dict.fromkeys(df["backend"]))
     baselines = list(df["baseline"].dropna().unique()) if "baseline" in df else []
     dev = (meta.get("device") or {}).get("name") or (df["device"].iloc[0] if "device" in df and len(df) else "?")
@@ -55,16 +56,34 @@ def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
     suite = df["suite"].iloc[0] if len(df) else "?"
     title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
     caption = "median / p95 in us" + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)"
-                                      if baselines else "")
-    table = Table(title=title, caption=caption + "; ~ = did not converge", header_style="bold")
-    table.add_column("case", overflow="fold")
-    for b in backends:
-        table.add_column(b + (" (base)" if b in baselines else ""), justify="right")
+                                      if baselines else "") + "; ~ = did not converge"
+    headers = [b + (" (base)" if b in baselines else "") for b in backends]
+    rows = []
     for case_id, group in df.groupby("case_id", sort=False):
         by_backend = {r["backend"]: r for _, r in group.iterrows()}
-        table.add_row(str(case_id), *[_cell(by_backend[b]) if b in by_backend else Text("")
-                                      for b in backends])
+        rows.append((str(case_id), [_cell(by_backend[b]) if b in by_backend else Text("") for b in backends]))
+    return title, caption, headers, rows
+
+
+def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
+    title, caption, headers, rows = _grid(df, meta)
+    table = Table(title=title, caption=caption, header_style="bold")
+    table.add_column("case", overflow="fold")
+    for h in headers:
+        table.add_column(h, justify="right")
+    for case_id, cells in rows:
+        table.add_row(case_id, *cells)
     return table
+
+
+def markdown_table(df: pd.DataFrame, meta: dict[str, Any]) -> str:
+    """The same table as markdown, for BENCHMARKS.md or a pull-request comment."""
+    title, caption, headers, rows = _grid(df, meta)
+    lines = [f"**{title}**: {caption}", "", "| case | " + " | ".join(headers) + " |",
+             "|---|" + "---:|" * len(headers)]
+    lines += ["| " + " | ".join([case_id, *(c.plain.replace("  ", " ") for c in cells)]) + " |"
+              for case_id, cells in rows]
+    return "\n".join(lines) + "\n"
 
 
 def problems_table(df: pd.DataFrame) -> Table | None:

@@ -151,6 +151,10 @@ def test_show_rerenders_and_list(tmp_path):
     run(suite, "--out", tmp_path / "out")
     res = runner.invoke(app, ["show", str(tmp_path / "out")])
     assert res.exit_code == 0 and "prefill/padded/B=1,T=9" in res.output and "FAIL" in res.output
+    res = runner.invoke(app, ["show", str(tmp_path / "out"), "--markdown", str(tmp_path / "t.md")])
+    md = (tmp_path / "t.md").read_text().splitlines()
+    assert res.exit_code == 0 and md[2] == "| case | torch.recurrent | fake.wrong |"
+    assert md[4].startswith("| prefill/padded/B=1,T=9,") and md[4].endswith("| FAIL " + md[4].split("FAIL ")[-1])
     assert runner.invoke(app, ["show", str(tmp_path / "missing")]).exit_code == 2
     (tmp_path / "junk.csv").write_text("a,b\n1,2\n")
     assert runner.invoke(app, ["show", str(tmp_path / "junk.csv")]).exit_code == 2
