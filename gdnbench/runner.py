@@ -25,7 +25,6 @@ from gdnbench import roofline, stats
 from gdnbench.backends import Backend
 from gdnbench.check import check, reference_outputs
 from gdnbench.problem import Problem, make_problem
-from gdnbench.results import RunDir
 from gdnbench.suite import Case, Suite
 from gdnbench.timing import Measurement, TimingConfig, measure
 

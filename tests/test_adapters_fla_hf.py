@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 import gdnbench.backends
 from gdnbench.backends import base, registry
-from gdnbench.backends.fla_common import NO_REDIRECT, GatheredPool, fla_kwargs, pinned_env
+from gdnbench.backends.convert import GatheredPool
+from gdnbench.backends.fla_common import NO_REDIRECT, fla_kwargs, pinned_env
 from gdnbench.backends.torch_common import solve
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
@@ -106,7 +107,7 @@ def test_gathered_pool_reads_and_writes_only_the_slots_in_the_pool_dtype():
     pool = GatheredPool(p)
     assert torch.equal(pool.gather(), p.state_pool[slots])
     final = torch.randn(3, 2, 4, 4)  # what a library returns: fp32, K-first
-    buffer = pool.work.pool.data_ptr()
+    buffer = pool.pool.data_ptr()
     pool.scatter(final)
     after = pool.canonical()
     assert after.dtype == torch.bfloat16 and torch.equal(after[slots], final.to(torch.bfloat16))
@@ -114,7 +115,7 @@ def test_gathered_pool_reads_and_writes_only_the_slots_in_the_pool_dtype():
     others[slots] = False
     assert torch.equal(after[others], p.state_pool[others])  # bit-identical elsewhere
     pool.reset()
-    assert torch.equal(pool.canonical(), p.state_pool) and pool.work.pool.data_ptr() == buffer
+    assert torch.equal(pool.canonical(), p.state_pool) and pool.pool.data_ptr() == buffer
 
 
 def test_gathered_pool_rejects_padding_slots():

@@ -205,7 +205,7 @@ def test_token_flattening_cu_seqlens_alpha_and_v_first_states_round_trip():
 
 def test_v_first_pool_layout_and_reset_restores_the_pristine_pool():
     p = make_problem(Case(op="decode", B=2, H=1, HV=2, D=4, pool_size=5, slots="scattered", gating="raw"), 0)
-    pool = convert.WorkingPool(p, v_first=True)
+    pool = convert.StatePool(p.state_pool, v_first=True)
     s = int(p.slot_idx[0])
     assert torch.equal(pool.pool[s], p.state_pool[s].transpose(-1, -2)) and pool.pool.stride(-1) == 1
     ptr = pool.pool.data_ptr()

@@ -22,12 +22,10 @@ import yaml
 from typer.testing import CliRunner
 
 from gdnbench.backends import registry
-from gdnbench.backends.convert import swap_kv
+from gdnbench.backends.convert import StatePool, initial_states, swap_kv
 from gdnbench.backends.max_recurrence import pack_qkv, row_offsets, slot_indices, unpack_output
 from gdnbench.backends.serving_common import (
     VLLM_OPS,
-    StatePool,
-    initial_states,
     require_v_first,
     token_gate,
     vllm_state_indices,

@@ -67,21 +67,22 @@ def gating(p: Problem, library_gate: GateFn | None = None) -> Callable[[], tuple
     return lambda: gate(p.a, p.b, p.A_log, p.dt_bias)
 
 
-class WorkingPool:
-    """A library-layout copy of the decode pool that the kernel updates in place.
+class StatePool:
+    """A library-layout copy of canonical K-first states that a kernel updates in place.
 
-    ``reset()`` restores it from a pristine copy (converted once, outside the timed region) so that
-    every sample starts from the same state; ``canonical()`` converts it back for the check.
+    ``states`` [S, HV, K, V] becomes ``pool`` [null_slots + S, HV, ...] (V-first if asked), with
+    ``null_slots`` zeroed slots in FRONT (vLLM reserves slot 0): canonical slot s lives at
+    ``pool[null_slots + s]``. ``reset()`` copies the pristine pool back into the same buffer (CUDA graphs
+    replay on fixed addresses), so every sample starts from the same state; ``canonical()`` converts
+    the live pool back to [S, HV, K, V] in the states' dtype.
     """
 
-    def __init__(self, p: Problem, v_first: bool = False, dtype: torch.dtype | None = None,
-                 extra_slots: int = 0) -> None:
-        assert p.state_pool is not None, "not a decode problem"
-        pool = swap_kv(p.state_pool) if v_first else p.state_pool
-        pool = pool.to(dtype or pool.dtype)
-        if extra_slots:  # e.g. a sacrificial null slot for libraries whose padding index aliases one
-            pool = torch.cat([pool, pool.new_zeros(extra_slots, *pool.shape[1:])])
-        self.v_first, self.extra, self.dtype = v_first, extra_slots, p.state_pool.dtype
+    def __init__(self, states: Tensor, *, v_first: bool = False, dtype: torch.dtype | None = None,
+                 null_slots: int = 0) -> None:
+        pool = (swap_kv(states) if v_first else states).to(dtype or states.dtype)
+        if null_slots:
+            pool = torch.cat([pool.new_zeros(null_slots, *pool.shape[1:]), pool])
+        self.v_first, self.null_slots, self.dtype = v_first, null_slots, states.dtype
         self.pristine = pool.contiguous()
         self.pool = self.pristine.clone()
 
@@ -89,6 +90,39 @@ class WorkingPool:
         self.pool.copy_(self.pristine)
 
     def canonical(self) -> Tensor:
-        pool = self.pool[: self.pool.shape[0] - self.extra] if self.extra else self.pool
-        pool = swap_kv(pool) if self.v_first else pool
-        return pool.to(self.dtype)
+        pool = self.pool[self.null_slots:]
+        return (swap_kv(pool) if self.v_first else pool).to(self.dtype)
+
+
+class GatheredPool(StatePool):
+    """Decode on a state pool through a library that has no pool API, the way a user does it.
+
+    Inside the timed call: ``gather()`` reads pool[slot_idx] as the initial states, the library runs
+    with output_final_state=True, and ``scatter(final)`` writes the final states back into the same
+    slots, cast to the pool dtype.
+    """
+
+    def __init__(self, p: Problem) -> None:
+        assert p.state_pool is not None and p.slot_idx is not None, "not a decode problem"
+        slots = p.slot_idx.long()
+        if bool((slots < 0).any()):  # host sync, but in prepare: a -1 would silently address the last slot
+            raise ValueError("slot_idx has padding entries (< 0); a gathered pool has no padding sentinel")
+        super().__init__(p.state_pool)
+        self.slots = slots
+
+    def gather(self) -> Tensor:
+        return self.pool.index_select(0, self.slots)
+
+    def scatter(self, final_state: Tensor) -> None:
+        self.pool.index_copy_(0, self.slots, final_state.to(self.pool.dtype))
+
+
+GATHER_NOTE = "decode: pool[slot_idx] gathered to initial_state, final state scattered back (pool dtype), in the call"
+
+
+def initial_states(p: Problem) -> Tensor:
+    """The prefill initial states [N, HV, K, V] fp32: the case's, or zeros for a pool-only API."""
+    if p.initial_state is not None:
+        return p.initial_state
+    N, HV, K, V = p.case.N, p.case.HV, p.case.K, p.case.V
+    return torch.zeros(N, HV, K, V, dtype=torch.float32, device=p.device)

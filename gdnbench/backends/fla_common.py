@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
-from gdnbench.backends.convert import GateFn, WorkingPool
+from gdnbench.backends.convert import GateFn
 from gdnbench.problem import Problem
 
 # fla.backends reads these two on every call of a dispatched function (BaseBackend.is_enabled reads
@@ -85,32 +85,3 @@ def fla_gate() -> GateFn | None:
     return gate
 
 
-class GatheredPool:
-    """Decode on a state pool through a library that has no pool API, the way a user does it.
-
-    Inside the timed call: ``gather()`` reads pool[slot_idx] as the initial states, the library runs
-    with output_final_state=True, and ``scatter(final)`` writes the final states back into the same
-    slots, cast to the pool dtype. The pool is a K-first WorkingPool, so ``reset`` restores it in place.
-    """
-
-    def __init__(self, p: Problem) -> None:
-        slots = p.slot_idx.long()
-        if bool((slots < 0).any()):  # host sync, but in prepare: a -1 would silently address the last slot
-            raise ValueError("slot_idx has padding entries (< 0); a gathered pool has no padding sentinel")
-        self.slots = slots
-        self.work = WorkingPool(p)
-
-    def gather(self) -> Tensor:
-        return self.work.pool.index_select(0, self.slots)
-
-    def scatter(self, final_state: Tensor) -> None:
-        self.work.pool.index_copy_(0, self.slots, final_state.to(self.work.pool.dtype))
-
-    def reset(self) -> None:
-        self.work.reset()
-
-    def canonical(self) -> Tensor:
-        return self.work.canonical()
-
-
-POOL_NOTE = "decode: pool[slot_idx] gathered to initial_state, final state scattered back (pool dtype), in the call"

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.backends.fla_common import POOL_NOTE, GatheredPool, fla_kwargs, gating_note
+from gdnbench.backends.convert import GATHER_NOTE, GatheredPool
+from gdnbench.backends.fla_common import fla_kwargs, gating_note
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 
@@ -45,7 +46,7 @@ def fla_recurrent(p: Problem) -> Prepared:
             out["o"] = o
 
         return Prepared(call=call, outputs=lambda: Outputs(o=out["o"], state_pool=pool.canonical()),
-                        reset=pool.reset, path=f"{path}; {POOL_NOTE}")
+                        reset=pool.reset, path=f"{path}; {GATHER_NOTE}")
 
     kw.update(initial_state=p.initial_state, output_final_state=p.case.output_final_state, cu_seqlens=p.cu_seqlens)
 

@@ -7,7 +7,7 @@ kernel, a bf16 pool the bf16-state kernel. ``backend="flashinfer"`` pins the gen
 may pick the opt-in Cake kernels or, on SM107, a Rubin-tuned one).
 
 Padding index -1 means "skip" on the fp32 path but aliases slot 0 on the bf16 path; canonical slot_idx
-is never negative, so no sacrificial slot (``WorkingPool(extra_slots=1)``) is needed yet.
+is never negative, so no sacrificial slot (``StatePool(null_slots=1)``) is needed yet.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def flashinfer_decode(p: Problem) -> Prepared:
     """FlashInfer T=1 decode on a V-first pool, gating fused (gating: raw only; K=128; SM90+)."""
     from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
-    pool = convert.WorkingPool(p, v_first=True)
+    pool = convert.StatePool(p.state_pool, v_first=True)
     pins = accepted(gated_delta_rule_decode_pretranspose, backend="flashinfer")
     gates = fused_gating(p)
     result: dict[str, torch.Tensor] = {}

@@ -20,7 +20,7 @@ import torch
 
 from gdnbench.backends import convert
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.backends.fla_common import POOL_NOTE, GatheredPool
+from gdnbench.backends.convert import GATHER_NOTE, GatheredPool
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 
@@ -97,7 +97,7 @@ def prepare(p: Problem, name: str) -> Prepared:
             out["o"] = o
 
         return Prepared(call=call, outputs=lambda: Outputs(o=out["o"], state_pool=pool.canonical()),
-                        reset=pool.reset, path="; ".join([*notes, POOL_NOTE]))
+                        reset=pool.reset, path="; ".join([*notes, GATHER_NOTE]))
 
     def prefill() -> None:
         g, beta = gating()

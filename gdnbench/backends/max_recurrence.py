@@ -33,8 +33,7 @@ import torch
 from torch import Tensor
 
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.backends.convert import WorkingPool, alpha, cu_seqlens, flat_tokens, gating, unflat_tokens
-from gdnbench.backends.serving_common import StatePool, initial_states
+from gdnbench.backends.convert import StatePool, alpha, cu_seqlens, flat_tokens, gating, initial_states, unflat_tokens
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 
@@ -91,7 +90,7 @@ def max_recurrence(p: Problem) -> Prepared:
     device_id = p.device.index if p.device.index is not None else torch.cuda.current_device()
     accel = Accelerator(id=device_id)
     decode = p.case.op == "decode"
-    pool = WorkingPool(p) if decode else StatePool(initial_states(p), v_first=False)
+    pool = StatePool(p.state_pool if decode else initial_states(p))
     qkv = pack_qkv(p.q, p.k, p.v)
     decay = flat_tokens(alpha(p.g))
     beta = flat_tokens(p.beta.to(torch.float32, copy=True))  # a copy: raw gating writes into it

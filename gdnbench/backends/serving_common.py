@@ -21,42 +21,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from gdnbench.backends.convert import GateFn, swap_kv
-from gdnbench.problem import Problem
-
-
-class StatePool:
-    """A library-layout pool built from canonical K-first states, updated in place by a kernel.
-
-    ``states`` [S, HV, K, V] becomes ``pool`` [null_slots + S, HV, ...] (V-first if asked), with
-    ``null_slots`` zeroed slots in FRONT: canonical slot s lives at ``pool[null_slots + s]``.
-    ``reset()`` copies the pristine pool back into the same buffer (CUDA graphs replay on fixed
-    addresses); ``canonical()`` converts the live pool back to [S, HV, K, V] in the states' dtype.
-    """
-
-    def __init__(self, states: Tensor, *, v_first: bool, dtype: torch.dtype | None = None,
-                 null_slots: int = 0) -> None:
-        pool = (swap_kv(states) if v_first else states).to(dtype or states.dtype)
-        if null_slots:
-            pool = torch.cat([pool.new_zeros(null_slots, *pool.shape[1:]), pool])
-        self.v_first, self.null_slots, self.dtype = v_first, null_slots, states.dtype
-        self.pristine = pool.contiguous()
-        self.pool = self.pristine.clone()
-
-    def reset(self) -> None:
-        self.pool.copy_(self.pristine)
-
-    def canonical(self) -> Tensor:
-        pool = self.pool[self.null_slots:]
-        return (swap_kv(pool) if self.v_first else pool).to(self.dtype)
-
-
-def initial_states(p: Problem) -> Tensor:
-    """The prefill initial states [N, HV, K, V] fp32: the case's, or zeros for a pool-only API."""
-    if p.initial_state is not None:
-        return p.initial_state
-    N, HV, K, V = p.case.N, p.case.HV, p.case.K, p.case.V
-    return torch.zeros(N, HV, K, V, dtype=torch.float32, device=p.device)
+from gdnbench.backends.convert import GateFn
 
 
 def vllm_state_indices(slot_idx: Tensor, T: int) -> Tensor:

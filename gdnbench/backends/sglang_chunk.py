@@ -13,7 +13,8 @@ import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
 from gdnbench.backends.convert import gating
-from gdnbench.backends.serving_common import StatePool, initial_states, token_gate
+from gdnbench.backends.convert import StatePool, initial_states
+from gdnbench.backends.serving_common import token_gate
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 

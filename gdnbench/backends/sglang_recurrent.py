@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.backends.convert import WorkingPool
+from gdnbench.backends.convert import StatePool
 from gdnbench.backends.serving_common import zero_padding_rows
 from gdnbench.problem import Problem
 
@@ -28,7 +28,7 @@ def sglang_recurrent(p: Problem) -> Prepared:
         fused_sigmoid_gating_delta_rule_update,
     )
 
-    pool = WorkingPool(p, v_first=True)
+    pool = StatePool(p.state_pool, v_first=True)
     common = dict(q=p.q, k=p.k, v=p.v, scale=p.scale, initial_state_source=pool.pool,
                   initial_state_indices=p.slot_idx, use_qk_l2norm_in_kernel=p.qk_l2norm_in_kernel)
     if p.case.gating == "raw":

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
+from gdnbench.backends.convert import StatePool
 from gdnbench.backends.serving_common import (
-    StatePool,
     require_v_first,
     vllm_ops,
     vllm_state_indices,

@@ -15,6 +15,6 @@ err_console = Console(stderr=True)
 
 def die(message: str, code: int = EXIT_USAGE) -> NoReturn:
     """Print an error (no markup interpretation: messages quote user input) and exit."""
-    err_console.print(f"[bold red]error:[/bold red] ", end="")
+    err_console.print("[bold red]error:[/bold red] ", end="")
     err_console.print(message, markup=False, highlight=False)
     raise typer.Exit(code)
