@@ -161,3 +161,13 @@ def test_show_rerenders_and_list(tmp_path):
     assert runner.invoke(app, ["show", str(tmp_path / "junk.csv")]).exit_code == 2
     res = runner.invoke(app, ["list"])
     assert res.exit_code == 0 and "torch.recurrent" in res.output and "parity" in res.output
+
+
+def test_speedups_use_the_baseline_of_each_op(tmp_path):
+    suite = write_suite(tmp_path, ["torch.chunk", "torch.recurrent"], cases=[CASES[0], CASES[2]],
+                        baseline={"prefill": "torch.chunk", "decode": "torch.recurrent"})
+    assert run(suite, "--out", tmp_path / "out").exit_code == 0
+    df = pd.read_csv(tmp_path / "out" / "results.csv").set_index(["op", "backend"])
+    assert df.loc[("prefill", "torch.chunk"), "speedup"] == 1 and df.loc[("decode", "torch.recurrent"), "speedup"] == 1
+    assert df.loc[("prefill", "torch.recurrent"), "baseline"] == "torch.chunk"
+    assert df.loc[("decode", "torch.chunk"), "baseline"] == "torch.recurrent"

@@ -96,3 +96,15 @@ def test_bad_yaml_and_missing_file(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(SuiteError, match="scalar.yaml: a suite is a YAML mapping"):
         load_suite(scalar)
+
+
+def test_baseline_per_op():
+    s = suite(cases=[{"B": 1, "T": 8}], backends=["torch.chunk", "torch.recurrent"],
+              baseline={"prefill": "torch.chunk", "decode": "torch.recurrent"})
+    assert s.baselines() == {"prefill": "torch.chunk", "decode": "torch.recurrent"}
+    assert suite(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline="torch.chunk").baselines() == {
+        "prefill": "torch.chunk", "decode": "torch.chunk"}
+    with pytest.raises(SuiteError, match="baseline 'torch.nope'"):
+        suite(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline={"decode": "torch.nope"})
+    with pytest.raises(SuiteError, match="baseline"):
+        suite(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline={"verify": "torch.chunk"})
