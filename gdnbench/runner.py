@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from gdnbench import roofline, stats
-from gdnbench.backends import Backend
+from gdnbench.backends import Backend, Prepared
 from gdnbench.check import check, reference_outputs
 from gdnbench.problem import Problem, make_problem
 from gdnbench.suite import Case, Suite
-from gdnbench.timing import Measurement, TimingConfig, measure
+from gdnbench.timing import Measurement, TimingConfig, measure_interleaved
 
 
 @dataclass
@@ -36,6 +36,7 @@ class RunOptions:
     baseline: dict[str, str]  # op -> backend name
     seed: int
     dump_dir: Path | None = None
+    interleave: bool = False  # time a case's backends in alternation (A B A B ...)
     ceilings: dict[str, float] | None = None  # measured copy GB/s and matmul TFLOP/s
 
 
@@ -85,56 +86,84 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
         return [{**base, "backend": b.name, "status": status, "error": msg} for b in backends], []
 
     dumped: dict[str, dict[str, torch.Tensor | None]] = {}
+    waiting: list[tuple[dict, Prepared]] = []  # checked, to be timed together (interleaved)
     for b in backends:
         on_step(f"{b.name}  {case.id}")
         row = {**base, "backend": b.name, "version": b.version()}
+        rows.append(row)
         reason = b.unavailable() or b.unsupported(case, opts.device)
         if reason:
-            rows.append({**row, "status": "SKIP", "error": reason})
+            row.update(status="SKIP", error=reason)
             continue
-        try:
+        with _errors_become_rows([row], opts.device, free=not opts.interleave):
             with time_limit(suite.timing.timeout_s):
-                row.update(_run_backend(b, problem, ref, suite, opts, samples, dumped))
-        except BackendTimeout as e:
-            row.update(status="TIMEOUT", error=str(e))
-        except torch.OutOfMemoryError as e:
-            row.update(status="OOM", error=_first_line(e))
-        except Exception as e:
-            row.update(status="ERROR", error=f"{type(e).__name__}: {_first_line(e)}",
-                       note=_where(e))
-        finally:
-            _free(opts.device)
-        rows.append(row)
+                prepared = b.prepare(problem)
+                row.update(_first_call_and_check(prepared, problem, ref, suite, opts))
+                if opts.dump_dir is not None:
+                    dumped[b.name] = _dumpable(prepared.outputs(), problem)
+                if row["status"] == "NAN":
+                    continue  # nothing worth timing
+                if opts.interleave:
+                    waiting.append((row, prepared))
+                else:
+                    _time([(row, prepared)], case, opts, samples)
 
-    _add_speedups(rows, opts.baseline.get(case.op))
+    if waiting:
+        timed = [r for r, _ in waiting]
+        with _errors_become_rows(timed, opts.device, free=True):
+            with time_limit(suite.timing.timeout_s * len(waiting)):
+                _time(waiting, case, opts, samples)
+    _add_speedups(rows, opts.baseline.get(case.op), samples)
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, problem, {"reference": _dumpable(ref, problem), **dumped})
     return rows, samples
 
 
-def _run_backend(b: Backend, p: Problem, ref: Any, suite: Suite, opts: RunOptions,
-                 samples: list[dict], dumped: dict) -> dict[str, Any]:
-    prepared = b.prepare(p)
+@contextlib.contextmanager
+def _errors_become_rows(rows: list[dict], device: torch.device, free: bool) -> Iterator[None]:
+    """A timeout, OOM or exception marks ``rows`` (not the run) as failed; the run goes on."""
+    try:
+        yield
+    except BackendTimeout as e:
+        _mark(rows, status="TIMEOUT", error=str(e))
+    except torch.OutOfMemoryError as e:
+        _mark(rows, status="OOM", error=_first_line(e))
+    except Exception as e:
+        _mark(rows, status="ERROR", error=f"{type(e).__name__}: {_first_line(e)}", note=_where(e))
+    finally:
+        if free:
+            _free(device)
+
+
+def _mark(rows: list[dict], **cols: Any) -> None:
+    for r in rows:
+        r.update(cols)
+
+
+def _first_call_and_check(prepared: Prepared, p: Problem, ref: Any, suite: Suite, opts: RunOptions) -> dict[str, Any]:
+    """Call once (JIT compile / autotune happen here, untimed) and check the result."""
     out: dict[str, Any] = {"path": prepared.path}
     if prepared.reset:
         prepared.reset()
     t0 = time.perf_counter()
-    prepared.call()  # first call: JIT compile / autotune, and the result we check
+    prepared.call()
     _sync(opts.device)
     out["warmup_s"] = round(time.perf_counter() - t0, 4)
-    result = prepared.outputs()
-    if opts.dump_dir is not None:
-        dumped[b.name] = _dumpable(result, p)
-    verdict = check(result, ref, p, suite.tolerances)
+    verdict = check(prepared.outputs(), ref, p, suite.tolerances)
     out.update(status=verdict.status, error=verdict.message, **verdict.as_dict())
-    if verdict.status == "NAN":
-        return out  # nothing worth timing
-
-    m = measure(prepared.call, device=opts.device, config=opts.timing, reset=prepared.reset)
-    out.update(_timing_columns(m, p.case, opts))
-    samples.append({"case_id": p.case.id, "backend": b.name, "timer": m.timer, "l2": m.l2,
-                    "samples_us": m.samples_us})
     return out
+
+
+def _time(items: list[tuple[dict, Prepared]], case: Case, opts: RunOptions, samples: list[dict]) -> None:
+    """Time the prepared backends (several: in alternation) and fill in their rows and raw samples."""
+    measurements = measure_interleaved([(p.call, p.reset) for _, p in items], device=opts.device,
+                                       config=opts.timing)
+    for (row, _), m in zip(items, measurements):
+        row.update(_timing_columns(m, case, opts))
+        if len(items) > 1:
+            row["note"] = "; ".join(filter(None, [row.get("note"), f"interleaved with {len(items) - 1} other(s)"]))
+        samples.append({"case_id": case.id, "backend": row["backend"], "timer": m.timer, "l2": m.l2,
+                        "samples_us": m.samples_us})
 
 
 def _timing_columns(m: Measurement, case: Case, opts: RunOptions) -> dict[str, Any]:
@@ -155,17 +184,19 @@ def _timing_columns(m: Measurement, case: Case, opts: RunOptions) -> dict[str, A
     return cols
 
 
-def _add_speedups(rows: list[dict], baseline: str | None) -> None:
-    """speedup = baseline median / backend median, for timed PASS rows when the baseline passed."""
+def _add_speedups(rows: list[dict], baseline: str | None, samples: list[dict]) -> None:
+    """speedup = baseline median / backend median, with a 95% bootstrap CI from the raw samples,
+    for timed PASS rows when the baseline passed."""
     if baseline is None:
         return
     ref = next((r for r in rows if r["backend"] == baseline), None)
     if ref is None or ref.get("status") != "PASS" or not ref.get("median_us"):
         return
+    raw = {s["backend"]: s["samples_us"] for s in samples}
     for r in rows:
         r["baseline"] = baseline
         if r.get("status") == "PASS" and r.get("median_us"):
-            r["speedup"] = ref["median_us"] / r["median_us"]
+            r["speedup"], r["speedup_lo"], r["speedup_hi"] = stats.median_ratio_ci(raw[baseline], raw[r["backend"]])
 
 
 def _dumpable(result: Any, p: Problem) -> dict[str, torch.Tensor | None]:

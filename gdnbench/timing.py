@@ -6,7 +6,7 @@ See DESIGN.md section 4. Every sample is one call of the timed function, in micr
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -75,37 +75,40 @@ def _is_converged(samples_us: list[float], config: TimingConfig) -> bool:
     return (hi - lo) / 2.0 / median <= config.rel_ci
 
 
-def _sample(run_batch: Callable[[int], list[float]], config: TimingConfig) -> tuple[list[float], bool]:
-    """Adaptive sampling loop shared by all timers; returns (samples_us, converged).
+def _sample(run_round: Callable[[int], list[list[float]]], n_series: int,
+            config: TimingConfig) -> tuple[list[list[float]], list[bool]]:
+    """Adaptive sampling loop shared by all timers; returns (samples_us per series, converged per series).
 
-    After each batch:
-      1. converged (n >= min_samples and CI half-width / median <= rel_ci) and
-         sum(samples) >= min_time_s: stop, converged.
+    ``run_round(k)`` takes k samples of every series, interleaved (A B A B ...), and returns them per
+    series. After each batch:
+      1. every series converged (n >= min_samples and CI half-width / median <= rel_ci) and
+         each has sum(samples) >= min_time_s: stop, converged.
       2. n >= max_samples: stop; converged is the CI criterion alone, so a fast kernel whose
          min_time_s would need more than max_samples samples can still converge.
       3. wall time since sampling began > max_time_s and n >= min(min_samples, 3): stop,
          converged as in 2.
-    The first batch is a single probe sample; later batches are sized from the observed wall
-    time per sample so the time cap is overshot by at most about one sample.
+    The first batch is a single probe round; later batches are sized from the observed wall
+    time per round so the time cap is overshot by at most about one round.
     """
-    samples: list[float] = []
+    series: list[list[float]] = [[] for _ in range(n_series)]
     start = time.perf_counter()
     batch = 1
     while True:
         t0 = time.perf_counter()
-        samples.extend(run_batch(batch))
+        for mine, new in zip(series, run_round(batch)):
+            mine.extend(new)
         now = time.perf_counter()
-        per_sample_s = max((now - t0) / batch, 1e-9)
+        per_round_s = max((now - t0) / batch, 1e-9)
         elapsed = now - start
-        n = len(samples)
-        converged = _is_converged(samples, config)
-        if converged and sum(samples) * 1e-6 >= config.min_time_s:
-            return samples, True
+        n = len(series[0])
+        converged = [_is_converged(s, config) for s in series]
+        if all(converged) and min(sum(s) for s in series) * 1e-6 >= config.min_time_s:
+            return series, converged
         if n >= config.max_samples:
-            return samples, converged
+            return series, converged
         if elapsed > config.max_time_s and n >= min(config.min_samples, _MIN_SAMPLES_AT_TIME_CAP):
-            return samples, converged
-        fits = int((config.max_time_s - elapsed) / per_sample_s)
+            return series, converged
+        fits = int((config.max_time_s - elapsed) / per_round_s)
         batch = max(1, min(_BATCH, config.max_samples - n, fits))
 
 
@@ -170,6 +173,9 @@ def _warm_up_and_capture(
     return graph, ""
 
 
+Timed = tuple[Callable[[], object], Callable[[], None] | None]  # (fn, reset)
+
+
 def measure(
     fn: Callable[[], object],
     *,
@@ -187,88 +193,114 @@ def measure(
     A graph capture that raises falls back to the events timer; ``Measurement.timer`` and
     ``Measurement.note`` say so.
     """
+    return measure_interleaved([(fn, reset)], device=device, config=config)[0]
+
+
+def measure_interleaved(fns: Sequence[Timed], *, device: torch.device, config: TimingConfig) -> list[Measurement]:
+    """Time several (fn, reset) pairs in alternation, one sample of each per round (A B A B ...).
+
+    Clock, thermal and neighbour drift then hit every series alike, so their ratio is steadier than
+    that of back-to-back measurements. Sampling goes on until every series has converged (or a cap
+    is hit). Each sample is taken as ``measure`` describes; if one graph capture fails, every series
+    falls back to the events timer, so that the series stay comparable.
+    """
     device = torch.device(device)
     if device.type == "cpu":
         if config.timer != "wall":
             raise ValueError(f"timer {config.timer!r} needs a CUDA device; use 'wall' on CPU")
-        return _measure_wall(fn, reset, config, cuda=False, flush=None, l2="warm")
+        return _measure_wall(fns, config, cuda=False, flush=None, l2="warm")
     if device.type != "cuda":
         raise ValueError(f"unsupported device type {device.type!r} (cpu or cuda)")
 
     with torch.cuda.device(device):
         flush = _l2_flush_buffer(device) if config.l2 == "cold" else None
         if config.timer == "wall":
-            return _measure_wall(fn, reset, config, cuda=True, flush=flush, l2=config.l2)
+            return _measure_wall(fns, config, cuda=True, flush=flush, l2=config.l2)
 
         timer: Timer = config.timer
         note = ""
-        run: Callable[[], object] = fn
+        runs: list[Callable[[], object]] = [fn for fn, _ in fns]
         if timer == "graph":
-            graph, note = _warm_up_and_capture(fn, reset, config.warmup)
-            if graph is None:
-                timer = "events"
+            graphs = []
+            for fn, reset in fns:
+                graph, note = _warm_up_and_capture(fn, reset, config.warmup)
+                if graph is None:
+                    break
+                graphs.append(graph)
+            if len(graphs) == len(fns):
+                runs = [g.replay for g in graphs]
             else:
-                run = graph.replay
+                timer = "events"
         else:
-            _warm_up(fn, reset, config.warmup)
+            for fn, reset in fns:
+                _warm_up(fn, reset, config.warmup)
 
         # Events are reused across batches: each batch ends with a synchronize.
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(_BATCH)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(_BATCH)]
+        starts = [[torch.cuda.Event(enable_timing=True) for _ in range(_BATCH)] for _ in fns]
+        ends = [[torch.cuda.Event(enable_timing=True) for _ in range(_BATCH)] for _ in fns]
 
         # No synchronize per sample: the host queues a batch ahead of the GPU. With the events
         # timer, launch overhead then shows where the GPU waits on the host, as a caller sees it.
-        def run_batch(k: int) -> list[float]:
+        def run_round(k: int) -> list[list[float]]:
             for i in range(k):
-                if reset is not None:
-                    reset()
-                if flush is not None:
-                    flush.zero_()
-                starts[i].record()
-                run()
-                ends[i].record()
-            ends[k - 1].synchronize()
-            return [starts[i].elapsed_time(ends[i]) * 1e3 for i in range(k)]
+                for j, ((_, reset), run) in enumerate(zip(fns, runs)):
+                    if reset is not None:
+                        reset()
+                    if flush is not None:
+                        flush.zero_()
+                    starts[j][i].record()
+                    run()
+                    ends[j][i].record()
+            ends[-1][k - 1].synchronize()
+            return [[starts[j][i].elapsed_time(ends[j][i]) * 1e3 for i in range(k)] for j in range(len(fns))]
 
         torch.cuda.synchronize()
-        samples, converged = _sample(run_batch, config)
-        return Measurement(samples, timer=timer, l2=config.l2, converged=converged, note=note)
+        series, converged = _sample(run_round, len(fns), config)
+        return [Measurement(s, timer=timer, l2=config.l2, converged=c, note=note) for s, c in zip(series, converged)]
 
 
 def _measure_wall(
-    fn: Callable[[], object],
-    reset: Callable[[], None] | None,
+    fns: Sequence[Timed],
     config: TimingConfig,
     *,
     cuda: bool,
     flush: torch.Tensor | None,
     l2: str,
-) -> Measurement:
-    _warm_up(fn, reset, config.warmup)
+) -> list[Measurement]:
+    for fn, reset in fns:
+        _warm_up(fn, reset, config.warmup)
 
-    def run_batch(k: int) -> list[float]:
-        out = []
+    def run_round(k: int) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in fns]
         for _ in range(k):
-            if reset is not None:
-                reset()
-            if flush is not None:
-                flush.zero_()
-            if cuda:  # keep reset, flush and earlier work out of the timed region
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if cuda:
-                torch.cuda.synchronize()
-            out.append((time.perf_counter() - t0) * 1e6)
+            for (fn, reset), mine in zip(fns, out):
+                if reset is not None:
+                    reset()
+                if flush is not None:
+                    flush.zero_()
+                if cuda:  # keep reset, flush and earlier work out of the timed region
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                if cuda:
+                    torch.cuda.synchronize()
+                mine.append((time.perf_counter() - t0) * 1e6)
         return out
 
-    samples, converged = _sample(run_batch, config)
-    return Measurement(samples, timer="wall", l2=l2, converged=converged)
+    series, converged = _sample(run_round, len(fns), config)
+    return [Measurement(s, timer="wall", l2=l2, converged=c) for s, c in zip(series, converged)]
 
 
 def _median_event_us(fn: Callable[[], object], device: torch.device) -> float:
     config = TimingConfig(timer="events", l2="warm", warmup=3, min_samples=10, max_samples=10, min_time_s=0.0)
     return float(np.median(measure(fn, device=device, config=config).samples_us))
+
+
+def _copy_us(nbytes: int, device: torch.device) -> float:
+    """Median time of one device-to-device copy of ``nbytes`` (its buffers are freed on return)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    return _median_event_us(lambda: dst.copy_(src), device)
 
 
 def measure_ceilings(device: torch.device) -> dict[str, float]:
@@ -282,10 +314,7 @@ def measure_ceilings(device: torch.device) -> dict[str, float]:
         return {}
     with torch.cuda.device(device):
         nbytes = 2**30
-        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        copy_us = _median_event_us(lambda: dst.copy_(src), device)
-        del src, dst  # let the matmul reuse these 2 GiB
+        copy_us = _copy_us(nbytes, device)
 
         n = 8192
         a = torch.randn(n, n, device=device, dtype=torch.bfloat16)

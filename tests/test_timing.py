@@ -1,9 +1,17 @@
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from gdnbench.timing import Measurement, TimingConfig, default_timer, measure, measure_ceilings
+from gdnbench.timing import (
+    Measurement,
+    TimingConfig,
+    default_timer,
+    measure,
+    measure_ceilings,
+    measure_interleaved,
+)
 
 CPU = torch.device("cpu")
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -207,3 +215,22 @@ def test_cuda_ceilings() -> None:
     c = measure_ceilings(torch.device("cuda"))
     assert set(c) == {"copy_gbps", "matmul_tflops"}
     assert c["copy_gbps"] > 100 and c["matmul_tflops"] > 10
+
+
+def test_interleaved_series_alternate_and_keep_their_own_times():
+    log = []
+
+    def timed(name, seconds):
+        def fn():
+            log.append(name)
+            _spin(seconds)
+        return fn
+
+    cfg = _wall(warmup=1, min_samples=6, max_samples=6)
+    a, b = measure_interleaved([(timed("a", 300e-6), lambda: log.append("ra")),
+                                (timed("b", 100e-6), None)], device=CPU, config=cfg)
+    assert len(a.samples_us) == len(b.samples_us) == 6
+    calls = [x for x in log if x in ("a", "b")]
+    assert calls == ["a", "b"] * 7  # one warm-up of each, then six rounds in alternation
+    assert all(log[i - 1] == "ra" for i, x in enumerate(log) if x == "a")  # a's reset before every a
+    assert 2 < np.median(a.samples_us) / np.median(b.samples_us) < 4

@@ -56,6 +56,10 @@ def run(
     dump: Optional[Path] = typer.Option(None, help="Save each case's inputs and every backend's outputs "
                                                    "(torch.save, one file per case) into DIR."),
     strict: bool = typer.Option(False, help="Exit 1 on ERROR/OOM/TIMEOUT rows too, not only on FAIL/NAN."),
+    interleave: Optional[bool] = typer.Option(
+        None, "--interleave/--no-interleave",
+        help="Time each case's backends in alternation (A B A B ...) so clock and thermal drift cancel "
+             "in their ratio. Default: on when exactly two backends run with a baseline (an A/B run)."),
 ) -> None:
     """Run SUITE: every case on every backend, checked against the reference, then timed.
 
@@ -106,8 +110,11 @@ def run(
                 timing=config.__dict__, reference=suite.reference.model_dump(),
                 tolerances=suite.tolerances.model_dump(), ceilings=ceilings, status="running")
     run_dir.write_meta(meta)
+    if interleave is None:
+        interleave = len(chosen) == 2 and bool(base)
+    meta["interleave"] = interleave
     opts = RunOptions(device=dev, timing=config, baseline=base, seed=meta["seed"], dump_dir=dump,
-                      ceilings=ceilings)
+                      ceilings=ceilings, interleave=interleave)
 
     err_console.print(f"[bold]{suite.name}[/bold]: {len(cases)} cases x {len(chosen)} backends on "
                       f"{meta['device']['name']} ({config.timer} timer, L2 {config.l2}) -> {run_dir.path}")
