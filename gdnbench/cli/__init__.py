@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from gdnbench.cli import compare as compare_cmd
+from gdnbench.cli import html as html_cmd
 from gdnbench.cli import list as list_cmd
+from gdnbench.cli import plot as plot_cmd
 from gdnbench.cli import run as run_cmd
 from gdnbench.cli import show as show_cmd
 
@@ -19,6 +22,9 @@ app = typer.Typer(
 app.command("run")(run_cmd.run)
 app.command("show")(show_cmd.show)
 app.command("list")(list_cmd.list_)
+app.command("compare")(compare_cmd.compare)
+app.command("plot")(plot_cmd.plot)
+app.command("report")(html_cmd.report)
 
 
 def main() -> None:
