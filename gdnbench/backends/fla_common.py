@@ -1,7 +1,7 @@
 """Shared by the FLA, FlashQLA and transformers adapters (fla.*, flashqla.chunk, hf.*).
 
-FLA's per-call dispatch switches, FLA's argument mapping (raw gating fused into the kernel), FLA's
-own gating kernels for unfused libraries, and decode on a state pool for libraries without a pool API.
+FLA's per-call dispatch switches, FLA's argument mapping (raw gating fused into the kernel) and FLA's
+own gating kernels for unfused libraries.
 Nothing here imports a third-party library at module import time.
 """
 
