@@ -90,6 +90,9 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
     for b in backends:
         on_step(f"{b.name}  {case.id}")
         row = {**base, "backend": b.name, "version": b.version()}
+        if b.triton and opts.device.type == "cpu":
+            # Triton on a CPU runs in its interpreter: the check means something, the time does not
+            row.update(interpreted=True, note="Triton interpreter: correctness only, no speedup")
         rows.append(row)
         reason = b.unavailable() or b.unsupported(case, opts.device)
         if reason:
@@ -190,12 +193,12 @@ def _add_speedups(rows: list[dict], baseline: str | None, samples: list[dict]) -
     if baseline is None:
         return
     ref = next((r for r in rows if r["backend"] == baseline), None)
-    if ref is None or ref.get("status") != "PASS" or not ref.get("median_us"):
+    if ref is None or ref.get("status") != "PASS" or not ref.get("median_us") or ref.get("interpreted"):
         return
     raw = {s["backend"]: s["samples_us"] for s in samples}
     for r in rows:
         r["baseline"] = baseline
-        if r.get("status") == "PASS" and r.get("median_us"):
+        if r.get("status") == "PASS" and r.get("median_us") and not r.get("interpreted"):
             r["speedup"], r["speedup_lo"], r["speedup_hi"] = stats.median_ratio_ci(raw[baseline], raw[r["backend"]])
 
 

@@ -4,6 +4,7 @@ Suites in the tests name them as ``tests.fake_backends:NAME``.
 """
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -22,6 +23,10 @@ def _wrapped(p, change):
 @backend("fake.ok", **ANY)
 def ok(p):
     return _wrapped(p, lambda out: out)
+
+
+# a backend built on Triton: on a CPU its rows are interpreted (correctness only)
+triton_ok = replace(ok, name="fake.triton", triton=True)
 
 
 @backend("fake.raises", **ANY)

@@ -42,7 +42,8 @@ def test_smoke_suite_runs_and_writes_everything(tmp_path):
     assert (df["status"] == "PASS").all() and len(df) == 12
     assert set(df["timer"]) == {"wall"} and set(df["l2"]) == {"warm"}
     assert (df["rel_err_o"] < 1e-5).all()
-    assert df["n"].min() >= 5 and (df["median_us"] > 0).all() and (df["gbps"] > 0).all()
+    # at least min_samples (5), or 3 when the 0.5 s cap cuts a slow case short on a busy CPU
+    assert df["n"].min() >= 3 and (df["median_us"] > 0).all() and (df["gbps"] > 0).all()
     base = df[df["backend"] == "torch.recurrent"]
     assert (base["speedup"] == 1).all()
     meta = json.loads((out / "run.json").read_text())
@@ -171,3 +172,13 @@ def test_speedups_use_the_baseline_of_each_op(tmp_path):
     assert df.loc[("prefill", "torch.chunk"), "speedup"] == 1 and df.loc[("decode", "torch.recurrent"), "speedup"] == 1
     assert df.loc[("prefill", "torch.recurrent"), "baseline"] == "torch.chunk"
     assert df.loc[("decode", "torch.chunk"), "baseline"] == "torch.recurrent"
+
+
+def test_triton_rows_on_cpu_are_marked_interpreted_and_get_no_speedup(tmp_path):
+    suite = write_suite(tmp_path, ["torch.recurrent", "tests.fake_backends:triton_ok"], cases=CASES[:1],
+                        baseline="torch.recurrent")
+    assert run(suite, "--out", tmp_path / "out").exit_code == 0
+    df = pd.read_csv(tmp_path / "out" / "results.csv").set_index("backend")
+    assert df.loc["fake.triton", "status"] == "PASS" and df.loc["fake.triton", "interpreted"]
+    assert pd.isna(df.loc["fake.triton", "speedup"]) and df.loc["torch.recurrent", "speedup"] == 1
+    assert "interpreter" in df.loc["fake.triton", "note"]

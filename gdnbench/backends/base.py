@@ -80,6 +80,7 @@ class Backend:
     description: str = ""
     check: Callable[[Case, torch.device], str | None] | None = field(default=None, compare=False)
     load_error: str | None = None  # set for a plugin whose entry point failed to load
+    triton: bool = False  # runs Triton kernels: on a CPU that means the interpreter (correctness only)
 
     def unavailable(self) -> str | None:
         """Why this backend cannot run on this machine at all, or None if it can."""
@@ -152,6 +153,7 @@ def backend(
     package: str | None = None,
     description: str = "",
     check: Callable[[Case, torch.device], str | None] | None = None,
+    triton: bool = False,
 ) -> Callable[[PrepareFn], Backend]:
     """Turn a ``prepare(problem) -> Prepared`` function into a registered-able :class:`Backend`."""
 
@@ -165,7 +167,7 @@ def backend(
             archs=frozenset(archs) if archs is not None else None,
             requires=tuple(requires), package=package,
             description=description or (prepare.__doc__ or "").strip().split("\n")[0],
-            check=check,
+            check=check, triton=triton,
         )
 
     return wrap

@@ -17,7 +17,7 @@ CHUNK_SIZE = 64  # FLA's default; the precomputed chunk_indices must match it
 
 # The Triton chunk kernels query the GPU driver ("0 active drivers" on a CPU, even under
 # TRITON_INTERPRET=1), so CUDA only. chunk_gated_delta_rule_fwd_h asserts K <= 256.
-@backend("fla.chunk", ops={"prefill"}, devices={"cuda"}, max_head_dim=256, gating={"pre", "raw"},
+@backend("fla.chunk", triton=True, ops={"prefill"}, devices={"cuda"}, max_head_dim=256, gating={"pre", "raw"},
          requires=("fla.ops.gated_delta_rule",), package="fla-core")
 def fla_chunk(p: Problem) -> Prepared:
     """FLA Triton chunk_gated_delta_rule (FlashQLA dispatch off; raw gating fused)."""

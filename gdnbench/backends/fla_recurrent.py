@@ -27,7 +27,7 @@ def _check(case: Case, device: torch.device) -> str | None:
     return None
 
 
-@backend("fla.recurrent", ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"},
+@backend("fla.recurrent", triton=True, ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"},
          requires=("fla.ops.gated_delta_rule",), package="fla-core", check=_check)
 def fla_recurrent(p: Problem) -> Prepared:
     """FLA Triton fused_recurrent_gated_delta_rule (decode via gather/scatter; raw gating fused)."""

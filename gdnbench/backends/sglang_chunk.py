@@ -28,7 +28,7 @@ def _check(case: Case, device: torch.device) -> str | None:
     return None
 
 
-@backend("sglang.chunk", ops={"prefill"}, dtypes={"bf16", "fp16"}, gating={"pre", "raw"},
+@backend("sglang.chunk", triton=True, ops={"prefill"}, dtypes={"bf16", "fp16"}, gating={"pre", "raw"},
          requires=(_CHUNK, _GATE), package="sglang", check=_check)
 def sglang_chunk(p: Problem) -> Prepared:
     """SGLang's chunk_gated_delta_rule (vendored FLA, Triton), in place on a V-first state pool."""

@@ -19,7 +19,7 @@ _SIGMOID = "sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent"
 _RECURRENT = "sglang.kernels.ops.attention.fla.fused_recurrent"
 
 
-@backend("sglang.recurrent", ops={"decode"}, gating={"pre", "raw"}, requires=(_SIGMOID, _RECURRENT),
+@backend("sglang.recurrent", triton=True, ops={"decode"}, gating={"pre", "raw"}, requires=(_SIGMOID, _RECURRENT),
          package="sglang")
 def sglang_recurrent(p: Problem) -> Prepared:
     """SGLang's decode (fused sigmoid-gating / pool-indexed fused_recurrent), in place on a V-first pool."""

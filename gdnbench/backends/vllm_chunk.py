@@ -30,7 +30,7 @@ def _check(case: Case, device: torch.device) -> str | None:
     return vllm_unavailable("vllm.chunk")
 
 
-@backend("vllm.chunk", ops={"prefill"}, dtypes={"bf16", "fp16"}, gating={"pre", "raw"},
+@backend("vllm.chunk", triton=True, ops={"prefill"}, dtypes={"bf16", "fp16"}, gating={"pre", "raw"},
          requires=("vllm",), package="vllm", check=_check)
 def vllm_chunk(p: Problem) -> Prepared:
     """vLLM's vendored FLA chunk_gated_delta_rule (Triton, forward only), V-first state."""

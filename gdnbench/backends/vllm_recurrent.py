@@ -28,7 +28,7 @@ def _check(case: Case, device: torch.device) -> str | None:
     return vllm_unavailable("vllm.recurrent")
 
 
-@backend("vllm.recurrent", ops={"decode"}, gating={"pre", "raw"}, requires=("vllm",), package="vllm",
+@backend("vllm.recurrent", triton=True, ops={"decode"}, gating={"pre", "raw"}, requires=("vllm",), package="vllm",
          check=_check)
 def vllm_recurrent(p: Problem) -> Prepared:
     """vLLM's vendored FLA decode (fused_recurrent / fused_sigmoid_gating), in place on a V-first pool."""
