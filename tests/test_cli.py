@@ -174,7 +174,8 @@ def test_speedups_use_the_baseline_of_each_op(tmp_path):
     assert df.loc[("decode", "torch.chunk"), "baseline"] == "torch.recurrent"
 
 
-def test_triton_rows_on_cpu_are_marked_interpreted_and_get_no_speedup(tmp_path):
+def test_triton_rows_on_cpu_are_marked_interpreted_and_get_no_speedup(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the fake runs no Triton, so setting it late is harmless
     suite = write_suite(tmp_path, ["torch.recurrent", "tests.fake_backends:triton_ok"], cases=CASES[:1],
                         baseline="torch.recurrent")
     assert run(suite, "--out", tmp_path / "out").exit_code == 0

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cache
@@ -99,6 +100,9 @@ class Backend:
             return f"{n}: no {case.op} op (serves {', '.join(sorted(self.ops))})"
         if device.type not in self.devices:
             return f"{n}: runs on {', '.join(sorted(self.devices))}, not {device.type}"
+        if self.triton and device.type == "cpu" and not triton_interpreter_on():
+            # Triton picks the interpreter when it is imported: the variable must be set before that
+            return f"{n} on cpu needs TRITON_INTERPRET=1 (set before triton is imported)"
         if case.dtype not in self.dtypes:
             return f"{n}: dtype {case.dtype} not supported ({', '.join(sorted(self.dtypes))})"
         if case.op == "decode" and case.state_dtype not in self.state_dtypes:
@@ -171,6 +175,11 @@ def backend(
         )
 
     return wrap
+
+
+def triton_interpreter_on() -> bool:
+    """Whether TRITON_INTERPRET asks Triton to run kernels in its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 @cache

@@ -7,28 +7,16 @@ Not dispatched by FLA (no FlashQLA redirection to switch off). Runs on a CPU in 
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
 from gdnbench.backends.convert import GATHER_NOTE, GatheredPool
 from gdnbench.backends.fla_common import fla_kwargs, gating_note
 from gdnbench.problem import Problem
-from gdnbench.suite import Case
-
-
-def _check(case: Case, device: torch.device) -> str | None:
-    # Triton picks the interpreter when it is imported, so the variable must be set beforehand
-    # (setting it later fails with "0 active drivers" or an interpreter error).
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "on", "yes"):
-        return "fla.recurrent on cpu needs TRITON_INTERPRET=1 (set before triton is imported)"
-    return None
 
 
 @backend("fla.recurrent", triton=True, ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"},
-         requires=("fla.ops.gated_delta_rule",), package="fla-core", check=_check)
+         requires=("fla.ops.gated_delta_rule",), package="fla-core")
 def fla_recurrent(p: Problem) -> Prepared:
     """FLA Triton fused_recurrent_gated_delta_rule (decode via gather/scatter; raw gating fused)."""
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule

@@ -1,0 +1,357 @@
+"""Fused recurrent gated delta rule (decode and short prefill), Triton.
+
+One program per (sequence, value head, V-block). The program keeps its [BK, BV] slice of the state
+(K-first, fp32) in registers across all tokens of its sequence and, per token, does the whole step of
+DESIGN.md section 2 without leaving registers:
+
+    S = exp(g) * S ;  u = beta * (v - S^T k) ;  S = S + k u^T ;  o = S^T (scale * q)
+
+Every V-block needs the full key dimension (S^T k reduces over K), so K is one tile (BK =
+next_pow2(K), masked) and V is split into blocks of BV columns: the blocks of one head never talk to
+each other, which is what makes the split free. Non-power-of-two head dims (60, 100) are masked; the
+masked rows/columns of the tile load as 0 and stay 0.
+
+Options (all compile-time switches of one kernel):
+  * q/k L2 normalisation in the kernel (x * rsqrt(sum(x^2) + 1e-6), in fp32), or none (pre-normalised);
+  * GVA: value head h reads q/k head h // (HV // H);
+  * ragged batches (B = 1 and cu_seqlens [N+1], int64; the kernel loads its own bounds, so the launcher
+    never reads them on the host) or a padded [B, T] batch;
+  * state from/to initial_state / final_state [N, HV, K, V] fp32, or a state pool [S, HV, K, V] (fp32 or
+    bf16) read and written in place at slot_idx[N] (int32); a negative slot is a padding sequence: its
+    output is written as zeros and no slot is touched;
+  * fused gating (``gating: raw``): g = -exp(A_log[h]) * softplus(a + dt_bias[h]) (softplus linear above
+    20, as torch) and beta = sigmoid(b), from a, b [B, T, HV] and A_log, dt_bias [HV].
+
+Tunables are BV and num_warps, picked by a small ``triton.autotune`` keyed on (K, V, pool or not, a
+coarse parallelism tier; triton adds the argument dtypes): (BV, num_warps) in (8, 1), (8, 2), (16, 2),
+(16, 4), (32, 4), (32, 8), (64, 4), (64, 8), num_stages 2, pruned per shape to BV <= next_pow2(V) and
+4..64 state elements per thread (more spills on sm_90). A pool launch is tuned once per key on a scratch
+copy of its slots, never on the live pool. Under the Triton interpreter there is one config (BV 32,
+4 warps) and no tuning. The config that ran is recorded: ``best_config(tune_key(...))``.
+
+Register pressure note: the state tile's pointers and masks are rebuilt for the final store rather
+than kept live across the token loop (ptxas, sm_90, K = V = 128, BV 32, 4 warps: 96 registers instead
+of 168).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+__all__ = ["recurrent_gdn", "tune_key", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
+
+# Triton decides between compiling and interpreting when a kernel is decorated, i.e. at this module's
+# import, from TRITON_INTERPRET (INTERPRETED, below the kernel, records what actually happened).
+_INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+
+_EPS: tl.constexpr = tl.constexpr(1e-6)  # q/k L2 norm: x * rsqrt(sum(x^2) + eps), as gdnbench.reference.l2norm
+
+# (BV, num_warps) candidates for a GPU. The state tile is BK x BV fp32 spread over 32 * num_warps
+# threads; configs that would leave threads idle or spill are pruned per shape (_prune).
+_GPU_CANDIDATES = [(8, 1), (8, 2), (16, 2), (16, 4), (32, 4), (32, 8), (64, 4), (64, 8)]
+_NUM_STAGES = 2  # lets the token loop prefetch the next token's q/k/v in a prefill
+if _INTERPRET_ENV:
+    # The interpreter runs every program in numpy: one config, no benchmarking (autotune is skipped
+    # for a single config). BV = 32 still splits V = 60 / 64 into two blocks, the second masked for 60.
+    CONFIGS = [triton.Config({"BV": 32}, num_warps=4, num_stages=1)]
+else:
+    CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=_NUM_STAGES) for bv, w in _GPU_CANDIDATES]
+
+
+def _prune(configs, named_args, **kwargs):
+    args = {**named_args, **kwargs}
+    BK, V = args["BK"], args["V"]
+    keep, seen = [], set()
+    for c in configs:
+        bv = min(c.kwargs["BV"], triton.next_power_of_2(V))  # BV beyond V only masks more columns
+        per_thread = BK * bv / (32 * c.num_warps)
+        if per_thread < 4 or per_thread > 64 or (bv, c.num_warps) in seen:
+            continue
+        seen.add((bv, c.num_warps))
+        keep.append(triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
+    return keep or [triton.Config({"BV": min(32, triton.next_power_of_2(V))}, num_warps=4, num_stages=_NUM_STAGES)]
+
+
+# The interpreter's fp32 -> bf16 cast truncates (a GPU rounds to nearest even), which would put a bf16
+# pool a whole rounding step off the reference: under the interpreter the kernel rounds itself.
+_SOFT_BF16_RNE: tl.constexpr = tl.constexpr(_INTERPRET_ENV)
+
+
+@triton.jit
+def _cast(x, dtype: tl.constexpr):
+    """x.to(dtype), fp32 -> bf16 rounded to nearest even everywhere."""
+    if _SOFT_BF16_RNE and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _softplus(x):
+    # torch.nn.functional.softplus (beta 1, threshold 20): log1p(exp(x)), x itself above 20.
+    # log1p(y) as log(1 + y) * y / ((1 + y) - 1) keeps full precision for tiny y (x << 0).
+    y = tl.exp(tl.minimum(x, 20.0))
+    w = 1.0 + y
+    lp = tl.where(w == 1.0, y, tl.log(w) * (y / (w - 1.0)))
+    return tl.where(x > 20.0, x, lp)
+
+
+@triton.autotune(configs=CONFIGS, key=["K", "V", "IS_POOL", "tune_tier"],
+                 prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _recurrent_gdn_kernel(
+    q, k, v, g, beta, a, b, A_log, dt_bias,   # inputs (g/beta or a/b/A_log/dt_bias: the others are None)
+    o,                                        # [B, T, HV, V] output
+    h0, ht,                                   # [N, HV, K, V] fp32 initial / final state (or None)
+    pool, slot_idx,                           # [S, HV, K, V] pool and [N] int32 slots (or None)
+    cu_seqlens,                               # [N + 1] int64 (or None: padded batch)
+    scale, T, tune_tier,                      # tune_tier: only a key of the autotuner
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
+    RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, BV: tl.constexpr,
+):
+    i_nh = tl.program_id(0)  # N * HV can pass 65535 (the limit of grid axes 1 and 2)
+    i_v = tl.program_id(1)
+    i_n = i_nh // HV
+    i_h = i_nh % HV
+    i_hk = i_h // (HV // H)
+
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    n_tok = (eos - bos).to(tl.int32)
+
+    offs_k = tl.arange(0, BK)
+    offs_v = i_v * BV + tl.arange(0, BV)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    offs_kv = offs_k[:, None] * V + offs_v[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    n_live = n_tok
+    if IS_POOL:
+        slot = tl.load(slot_idx + i_n).to(tl.int64)
+        live = slot >= 0
+        n_live = tl.where(live, n_tok, 0)
+        # the slot's mask, empty for a padding sequence (written as a comparison: the interpreter
+        # rejects a tensor mask and-ed with a scalar bool)
+        k_live = tl.where(live, K, 0)
+        pool_h = pool + (tl.maximum(slot, 0) * HV + i_h) * (K * V)  # scalar: the tile's pointers are rebuilt at the store
+        b_h = tl.load(pool_h + offs_kv, mask=(offs_k[:, None] < k_live) & mask_v[None, :], other=0.0).to(tl.float32)
+    elif USE_H0:
+        b_h = tl.load(h0 + (i_n.to(tl.int64) * HV + i_h) * (K * V) + offs_kv, mask=mask_kv, other=0.0).to(tl.float32)
+
+    p_q = q + (bos * H + i_hk) * K + offs_k
+    p_k = k + (bos * H + i_hk) * K + offs_k
+    p_v = v + (bos * HV + i_h) * V + offs_v
+    p_o = o + (bos * HV + i_h) * V + offs_v
+    if RAW_GATE:
+        p_a = a + bos * HV + i_h
+        p_b = b + bos * HV + i_h
+        b_neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
+        b_dt = tl.load(dt_bias + i_h).to(tl.float32)
+    else:
+        p_g = g + bos * HV + i_h
+        p_beta = beta + bos * HV + i_h
+
+    for _ in range(0, n_live):
+        b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
+        b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
+        b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+        if L2NORM:
+            b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + _EPS)
+            b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + _EPS)
+        b_q = b_q * scale
+        if RAW_GATE:
+            b_g = b_neg_A * _softplus(tl.load(p_a).to(tl.float32) + b_dt)
+            b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
+            p_a += HV
+            p_b += HV
+        else:
+            b_g = tl.load(p_g).to(tl.float32)
+            b_beta = tl.load(p_beta).to(tl.float32)
+            p_g += HV
+            p_beta += HV
+        b_h = b_h * tl.exp(b_g)                                   # decay
+        b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))      # delta: what the memory misses for k
+        b_h = b_h + b_k[:, None] * b_u[None, :]                   # rank-1 write
+        b_o = tl.sum(b_h * b_q[:, None], 0)                       # read-out
+        tl.store(p_o, _cast(b_o, p_o.dtype.element_ty), mask=mask_v)
+        p_q += H * K
+        p_k += H * K
+        p_v += HV * V
+        p_o += HV * V
+
+    if IS_POOL:
+        # a padding sequence (n_live = 0) writes zeros over its output and leaves the pool alone
+        for _ in range(n_live, n_tok):
+            tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
+            p_o += HV * V
+        offs_k2 = tl.arange(0, BK)
+        offs_v2 = i_v * BV + tl.arange(0, BV)
+        tl.store(pool_h + offs_k2[:, None] * V + offs_v2[None, :], _cast(b_h, pool.dtype.element_ty),
+                 mask=(offs_k2[:, None] < k_live) & (offs_v2[None, :] < V))
+    elif STORE_HT:
+        offs_k2 = tl.arange(0, BK)
+        offs_v2 = i_v * BV + tl.arange(0, BV)
+        tl.store(ht + (i_n.to(tl.int64) * HV + i_h) * (K * V) + offs_k2[:, None] * V + offs_v2[None, :], b_h,
+                 mask=(offs_k2[:, None] < K) & (offs_v2[None, :] < V))
+
+
+try:
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
+
+    INTERPRETED: bool = isinstance(_recurrent_gdn_kernel.fn, _Interpreted)
+except ImportError:  # pragma: no cover - older layouts of triton
+    INTERPRETED = _INTERPRET_ENV
+
+# ---- launcher -----------------------------------------------------------------------------------------
+
+_CHOSEN: dict[tuple, dict] = {}  # tune_key -> config of the latest launch with that key
+_TUNED: set[tuple] = set()  # (tune_key, dtypes) already tuned on a scratch pool
+
+
+def tune_key(K: int, V: int, *, pool: bool, N: int, HV: int) -> tuple[int, int, bool, int]:
+    """The autotuner's key for a launch: (K, V, pool or not, parallelism tier of N * HV heads).
+
+    The tier (0: < 256 heads, 1: < 2048, 2: more) separates small decode batches, which want many
+    narrow programs, from large ones.
+    """
+    heads = N * HV
+    return (K, V, bool(pool), 0 if heads < 256 else 1 if heads < 2048 else 2)
+
+
+def best_config(key: tuple[int, int, bool, int]) -> dict | None:
+    """The config the most recent launch with this ``tune_key`` ran with ({"BV", "num_warps",
+    "num_stages"}), or None before any. Under the interpreter (one config) it is known without a run."""
+    if key in _CHOSEN:
+        return _CHOSEN[key]
+    if len(CONFIGS) == 1:  # the autotuner runs a single config as it is, without pruning
+        return _config_dict(CONFIGS[0])
+    return None
+
+
+def config_str(cfg: dict | None) -> str:
+    if not cfg:
+        return "config not tuned yet"
+    return f"BV={cfg['BV']} num_warps={cfg['num_warps']} num_stages={cfg['num_stages']}"
+
+
+def _config_dict(c: triton.Config) -> dict:
+    return {"BV": c.kwargs["BV"], "num_warps": c.num_warps, "num_stages": c.num_stages}
+
+
+def recurrent_gdn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    state_pool: Tensor | None = None,
+    slot_idx: Tensor | None = None,
+    cu_seqlens: Tensor | None = None,
+    qk_l2norm: bool = False,
+    out: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule, token by token, in one fused kernel launch.
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; HV a multiple of H. Gating: g (log decay) and beta
+    (post-sigmoid) [B, T, HV], or raw a, b [B, T, HV] with A_log, dt_bias [HV] (fused in the kernel).
+    Varlen: B = 1 and cu_seqlens [N + 1] int64 (never read on the host). State: initial_state [N, HV, K,
+    V] fp32 and/or output_final_state, or state_pool [S, HV, K, V] (fp32/bf16, contiguous) updated in
+    place at slot_idx [N] int32 (negative: padding, zero output). ``out``: an optional preallocated o.
+    Returns (o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None).
+    """
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if k.shape != q.shape or v.shape[:2] != (B, T) or HV % H:
+        raise ValueError(f"bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if max(K, V) > 256:
+        raise ValueError(f"head dims up to 256 (the state tile lives in registers), got K={K}, V={V}")
+    raw = a is not None
+    if raw:
+        if b is None or A_log is None or dt_bias is None or g is not None or beta is not None:
+            raise ValueError("raw gating takes a, b, A_log and dt_bias (and no g, beta)")
+        if a.shape != (B, T, HV) or b.shape != (B, T, HV) or A_log.shape != (HV,) or dt_bias.shape != (HV,):
+            raise ValueError("a, b must be [B, T, HV] and A_log, dt_bias [HV]")
+    elif g is None or beta is None or g.shape != (B, T, HV) or beta.shape != (B, T, HV):
+        raise ValueError("g and beta [B, T, HV] are required (or a, b, A_log, dt_bias for raw gating)")
+    if cu_seqlens is not None:
+        if B != 1:
+            raise ValueError(f"varlen (cu_seqlens) needs B == 1, got B={B}")
+        N = cu_seqlens.shape[0] - 1
+    else:
+        N = B
+    is_pool = state_pool is not None
+    if is_pool:
+        if slot_idx is None or slot_idx.shape != (N,) or slot_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"a state pool needs slot_idx [N] = [{N}], int32 (or int64)")
+        if initial_state is not None or output_final_state:
+            raise ValueError("the state lives in state_pool: no initial_state / output_final_state with it")
+        if state_pool.shape[1:] != (HV, K, V) or not state_pool.is_contiguous():
+            raise ValueError(f"state_pool must be a contiguous [S, {HV}, {K}, {V}] tensor")
+        if state_pool.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"state_pool dtype {state_pool.dtype} not supported")
+    if initial_state is not None and initial_state.shape != (N, HV, K, V):
+        raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}")
+
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if raw:
+        a, b, A_log, dt_bias = a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous()
+    else:
+        g, beta = g.contiguous(), beta.contiguous()
+    if out is None:
+        out = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    elif out.shape != (B, T, HV, V) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [B, T, HV, V] tensor of dtype {q.dtype}")
+    h0 = initial_state.contiguous().float() if initial_state is not None and not is_pool else None
+    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+
+    BK = triton.next_power_of_2(K)
+    key = tune_key(K, V, pool=is_pool, N=N, HV=HV)
+
+    def launch(o_: Tensor, pool_: Tensor | None, slots_: Tensor | None) -> None:
+        def grid(meta):
+            return (N * HV, triton.cdiv(V, meta["BV"]))
+
+        _recurrent_gdn_kernel[grid](
+            q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, cu_seqlens,
+            scale, T, key[3],
+            H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
+            STORE_HT=ht is not None, IS_POOL=is_pool, RAW_GATE=raw, L2NORM=qk_l2norm,
+        )
+
+    # triton's autotuner caches on its key values plus the dtype of every tensor argument: the same
+    # information (and a bit more) here, so a key seen below is a key the autotuner has cached
+    tensors = (q, k, v, g, beta, a, b, A_log, dt_bias, out, h0, ht, state_pool, slot_idx, cu_seqlens)
+    full_key = (key, tuple(None if t is None else str(t.dtype) for t in tensors))
+    if is_pool and len(CONFIGS) > 1 and full_key not in _TUNED:
+        # The autotuner runs every candidate several times: on the live pool that would advance the
+        # state many steps. Tune once per key on a scratch copy of the slots this launch touches (same
+        # dtypes and key, so the real launch below finds the autotuner's cache filled).
+        scratch_slots = torch.where(slot_idx >= 0, torch.arange(N, dtype=slot_idx.dtype, device=slot_idx.device),
+                                    slot_idx)
+        launch(torch.empty_like(out), state_pool.index_select(0, slot_idx.clamp(min=0).long()), scratch_slots)
+    _TUNED.add(full_key)
+    launch(out, state_pool, slot_idx)
+    _CHOSEN[key] = _config_dict(_recurrent_gdn_kernel.best_config)
+    return out, ht

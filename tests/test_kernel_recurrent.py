@@ -1,0 +1,426 @@
+"""The bundled recurrent Triton kernel (gdnbench_kernels.recurrent) and its backend triton.recurrent, on a CPU.
+
+Triton picks its interpreter when a kernel is decorated, so the kernel runs in one subprocess started
+with TRITON_INTERPRET=1 (this module run as a script, ``_worker``): it loads the inputs this process
+wrote, runs the kernel on NaN-poisoned outputs and a copy of each pool, saves what the kernel left,
+then runs ``gdnbench run`` (CliRunner) on a tiny suite. The references and assertions run here, in fp64.
+Tests that need no kernel run (envelope, tuning logic against a fake kernel) or only compile it (for
+sm_90, ahead of time, no GPU needed) run in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from gdnbench.backends import registry
+from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, l2norm
+from gdnbench.suite import Case
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# one timed sample: the interpreter is for correctness, not speed
+ONCE = {"min_samples": 1, "max_samples": 1, "min_time_s": 0.0, "max_time_s": 0.01, "warmup": 1}
+SUITE_CASES = [
+    {"B": 2, "T": 6, "H": 1, "HV": 2, "D": 16, "qk_l2norm": "kernel", "initial_state": "random"},
+    {"B": 1, "T": 5, "H": 1, "HV": 1, "K": 60, "V": 64, "dtype": "fp16"},
+    {"mode": "varlen", "seq_lens": [3, 1, 5], "H": 1, "HV": 4, "D": 16, "gating": "raw", "dtype": "bf16"},
+    {"op": "decode", "B": 3, "H": 1, "HV": 2, "D": 16, "pool_size": 7, "slots": "scattered"},
+    {"op": "decode", "B": 2, "T": 2, "H": 1, "HV": 2, "D": 16, "state_dtype": "bf16", "dtype": "bf16",
+     "gating": "raw", "qk_l2norm": "kernel", "pool_size": 5, "slots": "scattered"},
+    {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
+]
+
+
+# ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
+
+def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None, h0=False, final=True,
+         raw=False, l2=False, pool=None, slots=None, pool_dtype="fp32", default_out=False, seed=0) -> dict:
+    """One kernel call's inputs: q/k ~ U(0, 1) (pre-normalised unless ``l2``), log-sigmoid decays."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = DT[dtype]
+    if seqs is not None:
+        B, T = 1, sum(seqs)
+    q, k = torch.rand(B, T, H, K, generator=gen), torch.rand(B, T, H, K, generator=gen)
+    if not l2:
+        q, k = l2norm(q), l2norm(k)
+    kw = dict(q=q.to(dt), k=k.to(dt), v=torch.rand(B, T, HV, V, generator=gen).to(dt), scale=K**-0.5,
+              qk_l2norm=l2)
+    if raw:
+        a = torch.randn(B, T, HV, generator=gen) * 4
+        a.view(-1)[:3] = torch.tensor([25.0, -30.0, 19.5])  # softplus's linear branch and its tiny tail
+        kw.update(a=a.to(dt), b=torch.randn(B, T, HV, generator=gen).to(dt),
+                  A_log=torch.log(torch.empty(HV).uniform_(1, 16, generator=gen)), dt_bias=torch.rand(HV, generator=gen))
+    else:
+        kw.update(g=F.logsigmoid(torch.rand(B, T, HV, generator=gen)),
+                  beta=torch.sigmoid(torch.rand(B, T, HV, generator=gen)).to(dt))
+    N = len(seqs) if seqs is not None else B
+    if seqs is not None:
+        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int64)
+    if pool is not None:
+        kw["state_pool"] = torch.randn(pool, HV, K, V, generator=gen).to(DT[pool_dtype])
+        kw["slot_idx"] = torch.tensor(slots, dtype=torch.int32)
+        assert len(slots) == N
+    else:
+        if h0:
+            kw["initial_state"] = torch.randn(N, HV, K, V, generator=gen)
+        kw["output_final_state"] = final
+    return {"name": name, "kw": kw, "default_out": default_out}
+
+
+KERNEL_CASES = [
+    make("prefill-gva2-l2kernel-h0", H=1, HV=2, l2=True, h0=True, default_out=True),
+    make("prefill-gva4-fp16", H=1, HV=4, T=6, dtype="fp16"),
+    make("prefill-gva1-bf16", H=2, HV=2, dtype="bf16", h0=True),
+    make("prefill-K60-V64", B=1, T=4, K=60, V=64, h0=True, l2=True),
+    make("prefill-K64-V60-nofinal", B=1, T=4, H=1, HV=1, K=64, V=60, final=False),
+    make("prefill-varlen", H=2, HV=4, seqs=[3, 0, 7, 2], h0=True),
+    make("prefill-raw-fp16", T=6, raw=True, dtype="fp16", h0=True),
+    make("decode-fp32-pool-gva2", B=3, T=1, H=1, HV=2, l2=True, pool=7, slots=[4, 0, 6]),
+    make("decode-fp32-pool-gva4-K60", B=2, T=1, H=1, HV=4, K=60, V=60, pool=5, slots=[3, 1]),
+    make("decode-bf16-pool", B=3, T=1, H=2, HV=4, pool=6, slots=[5, 2, 0], pool_dtype="bf16"),
+    make("decode-padding-T2", B=4, T=2, H=1, HV=2, pool=8, slots=[2, -1, 5, -1]),
+    make("decode-raw-bf16-pool-fp16", B=3, T=1, H=1, HV=2, raw=True, dtype="fp16", l2=True, pool=6,
+         slots=[1, -1, 4], pool_dtype="bf16"),
+    make("decode-varlen-pool", H=1, HV=2, seqs=[2, 1, 3], pool=9, slots=[8, -1, 3]),
+]
+BY_NAME = {c["name"]: c for c in KERNEL_CASES}
+
+
+# ---- the subprocess -----------------------------------------------------------------------------------
+
+def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
+    """Runs under TRITON_INTERPRET=1: every kernel case, then `gdnbench run` on the suite."""
+    from typer.testing import CliRunner
+
+    from gdnbench.cli import app
+    from gdnbench_kernels import recurrent as kern
+
+    def no_host_sync(*_a, **_k):
+        raise AssertionError("host sync in the launcher")
+
+    results: dict = {"INTERPRETED": kern.INTERPRETED, "CONFIGS": [str(c) for c in kern.CONFIGS]}
+    for case in torch.load(inputs):
+        kw = dict(case["kw"])
+        res: dict = {}
+        try:
+            pool = kw.get("state_pool")
+            if pool is not None:
+                kw["state_pool"] = pool = pool.clone()
+            B, T, HV, V = *kw["v"].shape[:3], kw["v"].shape[3]
+            if not case["default_out"]:
+                kw["out"] = torch.full((B, T, HV, V), float("nan"), dtype=kw["q"].dtype)
+            saved = torch.Tensor.item, torch.Tensor.tolist
+            # no .item() / .tolist() anywhere in the call (graph capture; cu_seqlens stays on the device)
+            torch.Tensor.item = torch.Tensor.tolist = no_host_sync
+            try:
+                o, final = kern.recurrent_gdn(**kw)
+            finally:
+                torch.Tensor.item, torch.Tensor.tolist = saved
+            res.update(o=o, final=final, pool=pool, out_is_o=("out" in kw and o is kw["out"]))
+        except Exception as e:  # reported by the test of that case
+            res["error"] = f"{type(e).__name__}: {e}"
+        results[case["name"]] = res
+    t0 = time.perf_counter()
+    cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
+    results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:], "s": time.perf_counter() - t0}
+    torch.save(results, outputs)
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:5])
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("triton_recurrent")
+    torch.save(KERNEL_CASES, tmp / "in.pt")
+    suite = tmp / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "triton-recurrent", "backends": ["triton.recurrent", "torch.recurrent"],
+                                     "baseline": "torch.recurrent", "timing": ONCE, "cases": SUITE_CASES,
+                                     "reference": {"precision": "fp64"}}))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "tests.test_kernel_recurrent", str(tmp / "in.pt"),
+                           str(tmp / "out.pt"), str(suite), str(tmp / "run")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = torch.load(tmp / "out.pt", weights_only=False)
+    res["wall_s"] = time.perf_counter() - t0
+    res["run_dir"] = tmp / "run"
+    return res
+
+
+# ---- references ---------------------------------------------------------------------------------------
+
+def reference(kw: dict) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(o, final_state, pool after) from gdnbench.reference in fp64; gating from raw inputs in fp32."""
+    if "a" in kw:
+        g, beta = gate_from_raw(kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
+    else:
+        g, beta = kw["g"], kw["beta"]
+    common = dict(scale=kw["scale"], qk_l2norm=kw["qk_l2norm"], compute_dtype=torch.float64)
+    q, k, v = kw["q"], kw["k"], kw["v"]
+    if "state_pool" in kw:
+        pool = kw["state_pool"].clone()
+        slots = kw["slot_idx"]
+        if "cu_seqlens" not in kw:
+            o = gdn_decode(gdn_recurrent, q, k, v, g, beta, state_pool=pool, slot_idx=slots, **common)
+            return o, None, pool
+        # varlen on a pool: the recurrence from the gathered slots, written back to the live ones
+        live = slots >= 0
+        h0 = pool[slots.long().clamp(min=0)].double() * live[:, None, None, None]
+        o, final = gdn_recurrent(q, k, v, g, beta, initial_state=h0, cu_seqlens=kw["cu_seqlens"], **common)
+        pool[slots[live].long()] = final[live].to(pool.dtype)
+        cu = kw["cu_seqlens"]
+        for n in torch.nonzero(~live).flatten().tolist():
+            o[:, cu[n]:cu[n + 1]] = 0
+        return o, None, pool
+    o, final = gdn_recurrent(q, k, v, g, beta, initial_state=kw.get("initial_state"),
+                             cu_seqlens=kw.get("cu_seqlens"), **common)
+    return o, (final if kw["output_final_state"] else None), None
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+O_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 6e-3}  # output rounding to the dtype
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_kernel_matches_the_fp64_reference(interpreted, name):
+    kw = BY_NAME[name]["kw"]
+    got = interpreted[name]
+    assert "error" not in got, got.get("error")
+    o_ref, final_ref, pool_ref = reference(kw)
+    o = got["o"]
+    assert o.dtype == kw["q"].dtype and o.shape == kw["v"].shape
+    assert torch.isfinite(o).all(), "the kernel left NaN-poisoned outputs unwritten"
+    if not BY_NAME[name]["default_out"]:
+        assert got["out_is_o"], "out= was not written in place"
+    assert rel(o, o_ref) < O_TOL[o.dtype], rel(o, o_ref)
+
+    if pool_ref is None:
+        if final_ref is None:
+            assert got["final"] is None
+        else:
+            assert got["final"].dtype == torch.float32 and rel(got["final"], final_ref) < 1e-5
+        return
+    assert got["final"] is None
+    pool0, pool = kw["state_pool"], got["pool"]
+    slots = kw["slot_idx"].long()
+    live = slots[slots >= 0]
+    untouched = torch.ones(pool0.shape[0], dtype=torch.bool)
+    untouched[live] = False
+    assert torch.equal(pool[untouched], pool0[untouched]), "slots outside slot_idx (or padding) were modified"
+    assert pool.dtype == pool0.dtype
+    if pool.dtype == torch.float32:
+        assert rel(pool[live], pool_ref[live]) < 1e-5
+    else:
+        # the kernel rounds its fp32 state, the reference its fp64 state: at most one bf16 step apart
+        ulp = 2.0 ** (torch.frexp(pool_ref[live].float()).exponent.float() - 8)
+        assert ((pool[live].float() - pool_ref[live].float()).abs() <= ulp).all()
+        assert rel(pool[live], pool_ref[live]) < 1e-3  # most entries round alike
+    pad = slots < 0
+    if pad.any():
+        if "cu_seqlens" in kw:
+            cu = kw["cu_seqlens"]
+            for n in torch.nonzero(pad).flatten().tolist():
+                assert (o[:, cu[n]:cu[n + 1]] == 0).all()
+        else:
+            assert (o[pad] == 0).all(), "padding sequences must get a zero output"
+
+
+def test_raw_gating_cases_reach_the_softplus_tails():
+    """The raw-gating cases reach softplus's linear branch (> 20) and its exp-small tail."""
+    a = BY_NAME["prefill-raw-fp16"]["kw"]["a"].float()
+    assert (a + 1 > 20).any() and (a < -20).any()
+
+
+def test_kernel_runs_interpreted_with_one_config(interpreted):
+    assert interpreted["INTERPRETED"] is True and len(interpreted["CONFIGS"]) == 1
+
+
+def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
+    cli = interpreted["cli"]
+    assert cli["exit_code"] == 0, cli["output"]
+    df = pd.read_csv(interpreted["run_dir"] / "results.csv")
+    tri = df[df.backend == "triton.recurrent"]
+    ran = tri[tri.status != "SKIP"]
+    assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == "PASS").all(), ran[["case_id", "status", "error"]]
+    assert (ran.rel_err_o < 5e-3).all() and (ran.rel_err_state < 1e-4).all()
+    assert ran.path.str.contains("BV=32 num_warps=4").all() and ran.path.str.contains("interpreter").all()
+    assert ran.path.str.contains("raw gating fused").sum() == 2
+    assert ran.path.str.contains("in place at slot_idx").sum() == 2
+    assert set(tri[tri.status == "SKIP"].error) == {"triton.recurrent: head dims up to 256, case has K=512, V=512"}
+    assert (df[df.backend == "torch.recurrent"].status == "PASS").all()
+
+
+def test_interpreted_run_time(interpreted):
+    """The whole subprocess (kernel cases and the CLI run) stays small on a CPU."""
+    assert interpreted["wall_s"] < 90, interpreted["wall_s"]
+
+
+# ---- the envelope, without the interpreter ------------------------------------------------------------
+
+def case(**fields) -> Case:
+    return Case(**{"B": 2, "T": 4, "H": 1, "D": 16, **fields})
+
+
+def test_cpu_needs_the_interpreter(monkeypatch):
+    b = registry()["triton.recurrent"]
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert b.unsupported(case(), CPU) == "triton.recurrent on cpu needs TRITON_INTERPRET=1 (set before triton is imported)"
+    assert b.unsupported(case(), CUDA) is None
+
+
+def test_variable_set_after_the_kernel_compiled_is_caught(monkeypatch):
+    """Setting TRITON_INTERPRET after the kernel module was imported (compiled) is a SKIP, not an error."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "gdnbench_kernels.recurrent", type(sys)("fake"))
+    sys.modules["gdnbench_kernels.recurrent"].INTERPRETED = False
+    reason = registry()["triton.recurrent"].unsupported(case(), CPU)
+    assert reason is not None and "imported before TRITON_INTERPRET=1" in reason
+    sys.modules["gdnbench_kernels.recurrent"].INTERPRETED = True
+    assert registry()["triton.recurrent"].unsupported(case(), CPU) is None
+
+
+@pytest.mark.parametrize("c", [
+    case(), case(gating="raw"), case(qk_l2norm="kernel", HV=4), case(K=60, V=100, D=None), case(D=256),
+    case(op="decode", T=None, state_dtype="bf16", pool_size=9, slots="scattered"),
+    case(mode="varlen", B=None, T=None, seq_lens=[3, 5]), case(dtype="fp16"), case(dtype="fp32"),
+])
+def test_envelope_serves(c, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delitem(sys.modules, "gdnbench_kernels.recurrent", raising=False)
+    assert registry()["triton.recurrent"].unsupported(c, CPU) is None
+
+
+def test_envelope_refuses_head_dims_over_256():
+    assert registry()["triton.recurrent"].unsupported(case(D=512), CUDA) == \
+        "triton.recurrent: head dims up to 256, case has K=512, V=512"
+
+
+# ---- the launcher's tuning logic, without running the kernel ------------------------------------------
+
+def test_prune_caps_bv_at_v_and_drops_idle_or_spilling_tiles():
+    import triton
+
+    from gdnbench_kernels import recurrent as kern
+
+    cands = [triton.Config({"BV": bv}, num_warps=w, num_stages=2) for bv, w in kern._GPU_CANDIDATES]
+
+    def kept(V, BK):
+        return {(c.kwargs["BV"], c.num_warps) for c in kern._prune(cands, {"V": V}, BK=BK)}
+
+    assert kept(128, 128) == set(kern._GPU_CANDIDATES)
+    assert kept(256, 256) == set(kern._GPU_CANDIDATES) - {(64, 4)}  # 128 fp32 per thread would spill
+    assert kept(16, 16) == {(8, 1), (16, 2)}  # BV capped at V; no thread left without 4 elements
+    assert {bv for bv, _ in kept(60, 64)} <= {8, 16, 32, 64}
+
+
+def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
+    """On a GPU the autotuner runs each candidate many times: never on the live pool."""
+    import triton
+
+    from gdnbench_kernels import recurrent as kern
+
+    calls = []
+
+    class FakeKernel:  # what `kernel[grid](*args, **kw)` and `.best_config` give
+        best_config = triton.Config({"BV": 16}, num_warps=2, num_stages=2)
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: calls.append((grid, args, kw))
+
+    monkeypatch.setattr(kern, "_recurrent_gdn_kernel", FakeKernel())
+    monkeypatch.setattr(kern, "CONFIGS", [None, None])  # as on a GPU: more than one candidate
+    monkeypatch.setattr(kern, "_TUNED", set())
+    monkeypatch.setattr(kern, "_CHOSEN", {})
+    kw = BY_NAME["decode-padding-T2"]["kw"]  # slots [2, -1, 5, -1] in a pool of 8
+    pool = kw["state_pool"].clone()
+    kern.recurrent_gdn(**{**kw, "state_pool": pool})
+    assert len(calls) == 2
+    (grid, scratch, _), (_, live, meta) = calls
+    assert scratch[12] is not pool and torch.equal(scratch[12], pool[[2, 0, 5, 0]])
+    assert scratch[13].tolist() == [0, -1, 2, -1] and scratch[13].dtype == torch.int32
+    assert live[12] is pool and live[13] is kw["slot_idx"] and meta["IS_POOL"] and meta["BK"] == 16
+    assert grid({"BV": 16}) == (4 * 2, 1) and grid({"BV": 8}) == (8, 2)
+    kern.recurrent_gdn(**{**kw, "state_pool": pool})
+    assert len(calls) == 3  # the key is tuned: straight to the live pool
+    kern.recurrent_gdn(**{**kw, "state_pool": pool.to(torch.bfloat16)})
+    assert len(calls) == 5  # another pool dtype is another autotuner key
+    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, HV=2)) == {"BV": 16, "num_warps": 2,
+                                                                            "num_stages": 2}
+    assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, HV=2)) is None
+    prefill = BY_NAME["prefill-varlen"]["kw"]
+    kern.recurrent_gdn(**prefill)
+    assert len(calls) == 6  # nothing in place: the autotuner may run on the real buffers
+    assert calls[-1][0]({"BV": 16}) == (4 * 4, 1)  # N from cu_seqlens' shape, never its values
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"g": None}, "g and beta"),
+    ({"initial_state": torch.zeros(4, 2, 16, 16)}, "no initial_state"),
+    ({"slot_idx": torch.tensor([0, 1], dtype=torch.int32)}, "slot_idx [N] = [4]"),
+    ({"state_pool": torch.zeros(8, 2, 16, 16).transpose(2, 3)}, "contiguous"),
+    ({"out": torch.empty(4, 2, 2, 16, dtype=torch.float16)}, "out must be"),
+])
+def test_launcher_rejects_bad_arguments(bad, needle):
+    from gdnbench_kernels import recurrent as kern
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        kern.recurrent_gdn(**{**BY_NAME["decode-padding-T2"]["kw"], **bad})
+
+
+# ---- the compiled path, without a GPU -----------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("K, V, BV, warps, mode", [
+    (128, 128, 32, 4, {"pool": "fp32"}),
+    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16"}),
+    (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
+    (256, 256, 32, 8, {"ht": True}),
+])
+def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
+    """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
+    import triton
+
+    from gdnbench_kernels import recurrent as kern
+
+    if kern.INTERPRETED:
+        pytest.skip("this process imported the kernel under TRITON_INTERPRET")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"no triton ahead-of-time compile API here: {e}")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5):
+        pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
+    pool, dt = mode.get("pool"), mode.get("dt", "fp32")
+    ptr = {"q": dt, "k": dt, "v": dt, "g": "fp32", "beta": dt, "a": dt, "b": dt, "A_log": "fp32", "dt_bias": "fp32",
+           "o": dt, "h0": "fp32", "ht": "fp32", "pool": pool or "fp32", "slot_idx": "i32", "cu_seqlens": "i64"}
+    const = dict(H=2, HV=4, K=K, V=V, BK=triton.next_power_of_2(K), IS_VARLEN=bool(mode.get("varlen")),
+                 USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
+                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
+    unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
+        ([] if pool else ["pool", "slot_idx"]) + ([] if const["USE_H0"] else ["h0"]) + \
+        ([] if const["STORE_HT"] else ["ht"]) + ([] if const["IS_VARLEN"] else ["cu_seqlens"])
+    const.update(dict.fromkeys(unused))
+    sig = {name: "constexpr" if name in const else f"*{t}" for name, t in ptr.items()}
+    sig.update(scale="fp32", T="i32", tune_tier="i32", **dict.fromkeys(const, "constexpr"))
+    src = ASTSource(fn=kern._recurrent_gdn_kernel.fn, signature=sig, constexprs=const)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2})
+    assert "cubin" in compiled.asm and ".reg" in compiled.asm["ptx"]
