@@ -40,6 +40,8 @@ def _cell(r: pd.Series) -> Text:
             t.append(f"  {sp:.2f}x", style="bold green" if sp >= 1 else "yellow")
         if str(r.get("converged")) == "False":
             t.append(" ~", style="yellow")  # not converged: the spread did not settle within the cap
+        if str(r.get("interpreted")) == "True":
+            t.append(" interp", style="dim")  # Triton interpreter on a CPU: the time means nothing
         return t
     if status == "FAIL" and med is not None:
         return Text(f"FAIL {fmt_us(med)}", style=STATUS_STYLE[status])
@@ -56,7 +58,7 @@ def _grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], 
     suite = df["suite"].iloc[0] if len(df) else "?"
     title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
     caption = "median / p95 in us" + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)"
-                                      if baselines else "") + "; ~ = did not converge"
+                                      if baselines else "") + "; ~ = did not converge; interp = Triton interpreter"
     headers = [b + (" (base)" if b in baselines else "") for b in backends]
     rows = []
     for case_id, group in df.groupby("case_id", sort=False):
