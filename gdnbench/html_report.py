@@ -16,7 +16,7 @@ import pandas as pd
 from rich.style import Style
 from rich.text import Text
 
-from gdnbench.report import _grid, status_line
+from gdnbench.report import _grid, problem_rows, status_line
 
 # Rich styles used by gdnbench.report -> CSS classes below
 STYLE_CLASS = {"bold green": "good", "green": "good", "yellow": "warn", "bold red": "bad", "red": "bad",
@@ -90,20 +90,11 @@ def _wrap(inner: str, style: str | Style) -> str:
 
 
 def _problems_table(df: pd.DataFrame) -> str:
-    """Every row that did not pass, with its reason (the same grouping as gdnbench.report.problems_table:
-    SKIPs once per backend and reason, but naming their cases)."""
-    bad = df[df["status"] != "PASS"]
-    if bad.empty:
+    """gdnbench.report.problem_rows as HTML, naming every skipped case."""
+    lines = [_problem_row(status, "dim" if status == "SKIP" else "bad", backend, cases, reason)
+             for status, backend, cases, reason in problem_rows(df)]
+    if not lines:
         return ""
-    lines = []
-    for _, r in bad[bad["status"] != "SKIP"].iterrows():
-        reason = _text(r.get("error"))
-        if isinstance(r.get("note"), str) and r["note"].startswith("at "):
-            reason += f" ({r['note']})"
-        lines.append(_problem_row(str(r["status"]), "bad", str(r["backend"]), [str(r["case_id"])], reason))
-    skips = bad[bad["status"] == "SKIP"]
-    for (backend, reason), group in skips.groupby(["backend", "error"], sort=False, dropna=False):
-        lines.append(_problem_row("SKIP", "dim", str(backend), [str(c) for c in group["case_id"]], _text(reason)))
     return ('<table class="problems"><thead><tr><th>status</th><th>backend</th><th>case</th><th>reason</th>'
             "</tr></thead><tbody>\n" + "\n".join(lines) + "\n</tbody></table>")
 

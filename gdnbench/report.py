@@ -88,23 +88,32 @@ def markdown_table(df: pd.DataFrame, meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def problem_rows(df: pd.DataFrame) -> list[tuple[str, str, list[str], str]]:
+    """(status, backend, case ids, reason) for every non-PASS row: SKIPs once per (backend, reason)."""
+    bad = df[df["status"] != "PASS"]
+    out = []
+    skips = bad[bad["status"] == "SKIP"]
+    for (backend, reason), group in skips.groupby(["backend", "error"], sort=False, dropna=False):
+        out.append(("SKIP", str(backend), [str(c) for c in group["case_id"]], "" if pd.isna(reason) else str(reason)))
+    for _, r in bad[bad["status"] != "SKIP"].iterrows():
+        reason = "" if pd.isna(r.get("error")) else str(r.get("error"))
+        if isinstance(r.get("note"), str) and r["note"].startswith("at "):
+            reason += f" ({r['note']})"  # where an exception was raised
+        out.append((str(r["status"]), str(r["backend"]), [str(r["case_id"])], reason))
+    return out
+
+
 def problems_table(df: pd.DataFrame) -> Table | None:
     """Every non-PASS row with its reason; SKIP reasons once per (backend, reason)."""
-    bad = df[df["status"] != "PASS"]
-    if bad.empty:
+    rows = problem_rows(df)
+    if not rows:
         return None
     table = Table(title="Not passing", header_style="bold", show_lines=False)
     for col in ("status", "backend", "case", "reason"):
         table.add_column(col, overflow="fold")
-    skips = bad[bad["status"] == "SKIP"]
-    for (backend, reason), group in skips.groupby(["backend", "error"], sort=False, dropna=False):
-        table.add_row(Text("SKIP", style="dim"), str(backend), f"{len(group)} case(s)", str(reason))
-    for _, r in bad[bad["status"] != "SKIP"].iterrows():
-        reason = str(r.get("error") or "")
-        if isinstance(r.get("note"), str) and r["note"].startswith("at "):
-            reason += f" ({r['note']})"
-        table.add_row(Text(str(r["status"]), style=STATUS_STYLE.get(str(r["status"]), "")), str(r["backend"]),
-                      str(r["case_id"]), reason)
+    for status, backend, cases, reason in rows:
+        table.add_row(Text(status, style=STATUS_STYLE.get(status, "")), backend,
+                      f"{len(cases)} case(s)" if status == "SKIP" else cases[0], reason)
     return table
 
 

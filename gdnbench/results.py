@@ -92,6 +92,8 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     missing = [c for c in ("case_id", "backend", "status", "median_us") if c not in df.columns]
     if missing:
         raise RunFilesError(f"{csv_path}: not a gdnbench results.csv (missing columns {missing})")
+    # a results.csv from an older or partial writer: the tables and plots read every column
+    df = df.reindex(columns=[*df.columns, *(c for c in COLUMNS if c not in df.columns)])
     meta_path = csv_path.parent / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     return df, meta

@@ -10,7 +10,7 @@ import typer
 
 from gdnbench.cli.common import console, die
 from gdnbench.plot import PlotUnavailable, png_bytes
-from gdnbench.results import COLUMNS, RunFilesError, load_run
+from gdnbench.results import RunFilesError, load_run
 
 
 def load_rows(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -21,8 +21,7 @@ def load_rows(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         die(str(e))
     if df.empty:
         die(f"{run_dir}: results.csv has no rows")
-    # load_run requires only four columns; the tables and plots read the others too
-    return df.reindex(columns=[*df.columns, *(c for c in COLUMNS if c not in df.columns)]), meta
+    return df, meta
 
 
 def render_png(df: pd.DataFrame, meta: dict[str, Any]) -> bytes:
