@@ -34,7 +34,8 @@ class Problem:
     cu_seqlens: torch.Tensor | None = None  # [N + 1] int64 (varlen)
     initial_state: torch.Tensor | None = None  # [N, HV, K, V] fp32 (prefill)
     state_pool: torch.Tensor | None = None  # [S, HV, K, V] state dtype (decode); never mutated
-    slot_idx: torch.Tensor | None = None  # [B] int32 (decode)
+    slot_idx: torch.Tensor | None = None  # [B] int32 (decode); [B, T] with per_token_slots
+    num_accepted_tokens: torch.Tensor | None = None  # [B] int32 in 1..T (per_token_slots)
     # raw gating inputs (gating: raw): g and beta above are derived from these
     a: torch.Tensor | None = None  # [B, T, HV] input dtype
     b: torch.Tensor | None = None  # [B, T, HV] input dtype
@@ -109,7 +110,7 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
             g = g.masked_fill(torch.rand(B, T, HV, generator=gen) < case.mask_p, 0.0)
 
     N = case.N
-    state = pool = slots = None
+    state = pool = slots = accepted = None
     if case.op == "prefill" and case.initial_state == "random":
         state = torch.randn(N, HV, K, V, generator=gen)
     elif case.op == "prefill" and case.initial_state == "zeros":
@@ -119,10 +120,15 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
         # the whole pool is filled, so a kernel that writes a slot it should not is caught
         pool = torch.randn(S, HV, K, V, generator=gen) if case.initial_state == "random" else torch.zeros(S, HV, K, V)
         pool = pool.to(DTYPES[case.state_dtype])
+        n_slots = N * case.state_writes
         if case.slots == "scattered":
-            slots = torch.randperm(S, generator=gen)[:N].to(torch.int32)
+            slots = torch.randperm(S, generator=gen)[:n_slots].to(torch.int32)
         else:
-            slots = torch.arange(N, dtype=torch.int32)
+            slots = torch.arange(n_slots, dtype=torch.int32)
+        if case.per_token_slots:
+            slots = slots.view(N, case.T)
+            # how many draft tokens the previous verify step accepted: where each sequence starts from
+            accepted = torch.randint(1, case.T + 1, (N,), generator=gen, dtype=torch.int32)
 
     def dev(x: torch.Tensor | None, dt: torch.dtype | None = None) -> torch.Tensor | None:
         return None if x is None else x.to(device=device, dtype=dt or x.dtype)
@@ -134,6 +140,6 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
         g=dev(g, torch.float32), beta=dev(beta, torch.float32 if case.gating == "raw" else dtype),
         scale=case.scale if case.scale is not None else K**-0.5,
         cu_seqlens=dev(cu), initial_state=dev(state),
-        state_pool=dev(pool), slot_idx=dev(slots),
+        state_pool=dev(pool), slot_idx=dev(slots), num_accepted_tokens=dev(accepted),
         **{name: dev(t) for name, t in raw.items()},
     )

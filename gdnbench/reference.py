@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["l2norm", "gdn_recurrent", "gdn_chunk", "gdn_decode", "gate_from_raw", "VarlenLayout",
-           "SlotLayout"]
+           "SlotLayout", "start_slots"]
 
 
 def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
@@ -92,23 +92,52 @@ class VarlenLayout:
         return cls(N, T, max(lens), seq, pos)
 
 
-class SlotLayout:
-    """Decode slots split into live rows and padding, validated once (host syncs happen here only)."""
+def start_slots(slot_idx: Tensor, num_accepted_tokens: Tensor | None = None) -> Tensor:
+    """The slot each decode sequence starts from: slot_idx [B], or, with per-token slots [B, T], the
+    slot of its last accepted token, slot_idx[b, num_accepted_tokens[b] - 1]."""
+    if num_accepted_tokens is None:
+        return slot_idx
+    return slot_idx.gather(1, num_accepted_tokens.to(torch.long)[:, None] - 1)[:, 0]
 
-    def __init__(self, slot_idx: Tensor, pool_size: int) -> None:
+
+class SlotLayout:
+    """Decode slots split into live rows and padding, validated once (host syncs happen here only).
+
+    slot_idx [B]: sequence b reads and writes pool[slot_idx[b]]. slot_idx [B, T] with
+    num_accepted_tokens [B] (speculative verify, vLLM's semantics): b starts from
+    pool[slot_idx[b, num_accepted_tokens[b] - 1]] and the state after its token t goes to
+    pool[slot_idx[b, t]]. A negative start slot makes b a padding sequence (zero output, no reads or
+    writes); any other negative slot skips that one write.
+    """
+
+    def __init__(self, slot_idx: Tensor, pool_size: int, num_accepted_tokens: Tensor | None = None) -> None:
         slots = slot_idx.to(dtype=torch.long)
-        values = slots.tolist()
-        if any(s >= pool_size for s in values):
+        if slots.dim() == 2:
+            if num_accepted_tokens is None or num_accepted_tokens.shape != slots.shape[:1]:
+                raise ValueError(f"slot_idx [B, T] = {tuple(slots.shape)} needs num_accepted_tokens [B]")
+            accepted = num_accepted_tokens.to(dtype=torch.long, device=slots.device)
+            if bool(((accepted < 1) | (accepted > slots.shape[1])).any()):
+                raise ValueError(f"num_accepted_tokens must lie in 1..T={slots.shape[1]}")
+            start, writes = start_slots(slots, accepted), slots
+        elif slots.dim() == 1 and num_accepted_tokens is None:
+            start, writes = slots, slots[:, None]
+        else:
+            raise ValueError(f"slot_idx must be [B] (or [B, T] with num_accepted_tokens), got {tuple(slots.shape)}")
+        if bool((slots >= pool_size).any()):
             raise ValueError(f"slot_idx out of range for a pool of {pool_size} slots")
-        live = [s for s in values if s >= 0]
-        if len(set(live)) != len(live):
-            # Two sequences writing one slot has no well-defined result.
-            raise ValueError("slot_idx repeats a non-negative slot")
         self.pool_size = pool_size
-        self.valid = slots >= 0  # [B] bool
-        self.gather = slots.clamp(min=0)  # padding rows read slot 0 and are then zeroed
-        self.rows = torch.tensor([i for i, s in enumerate(values) if s >= 0], dtype=torch.long, device=slots.device)
-        self.live = torch.tensor(live, dtype=torch.long, device=slots.device)
+        self.valid = start >= 0  # [B] bool
+        self.gather = start.clamp(min=0)  # padding rows read slot 0 and are then zeroed
+        live_writes = writes.masked_fill(~self.valid[:, None], -1)  # a padding sequence writes nothing
+        written = live_writes[live_writes >= 0].tolist()
+        if len(set(written)) != len(written):
+            # Two writes to one slot has no well-defined result.
+            raise ValueError("slot_idx repeats a non-negative slot")
+        # per write position t: (batch rows that write, the slots they write)
+        self.writes: list[tuple[Tensor, Tensor]] = []
+        for col in live_writes.T:
+            rows = (col >= 0).nonzero()[:, 0]
+            self.writes.append((rows, col[rows]))
 
 
 class _Prepared:
@@ -325,6 +354,7 @@ def gdn_decode(
     *,
     state_pool: Tensor,
     slot_idx: Tensor | SlotLayout,
+    num_accepted_tokens: Tensor | None = None,
     scale: float | None = None,
     qk_l2norm: bool = False,
     compute_dtype: torch.dtype = torch.float32,
@@ -332,29 +362,39 @@ def gdn_decode(
 ) -> Tensor:
     """Decode (T >= 1 tokens per sequence) against a state pool, updating the pool in place.
 
-    state_pool [S, HV, K, V] (fp32 or bf16), slot_idx [B] (int32; negative = padding sequence), or a
-    prebuilt SlotLayout of it (no host syncs then). Sequence b starts from pool[slot_idx[b]] (upcast),
-    runs ``solve`` (gdn_recurrent or gdn_chunk; extra keyword arguments go to it), and its final state is
-    cast back and written to the same slot. Padding sequences get zero output and touch no slot; every
-    other slot is left bit-identical. Returns o [B, T, HV, V] in compute_dtype.
+    state_pool [S, HV, K, V] (fp32 or bf16), slot_idx [B] (int32; negative = padding sequence), or
+    [B, T] with num_accepted_tokens [B] (speculative verify, see SlotLayout), or a prebuilt SlotLayout of
+    them (no host syncs then). Sequence b starts from its start slot (upcast) and runs ``solve``
+    (gdn_recurrent or gdn_chunk; extra keyword arguments go to it), over all T tokens at once when it
+    writes one state, token by token when it writes one per token; each state written is cast to the
+    pool's dtype first. Padding sequences get zero output and touch no slot; every other slot is left
+    bit-identical. Returns o [B, T, HV, V] in compute_dtype.
     """
-    B = q.shape[0]
+    B, T = q.shape[:2]
     if state_pool.dim() != 4:
         raise ValueError(f"state_pool must be [S, HV, K, V], got {tuple(state_pool.shape)}")
-    lay = slot_idx if isinstance(slot_idx, SlotLayout) else SlotLayout(slot_idx, state_pool.shape[0])
-    if lay.valid.shape != (B,) or lay.pool_size != state_pool.shape[0]:
-        raise ValueError(f"slot_idx must be [B] = [{B}] for a pool of {state_pool.shape[0]} slots")
+    lay = (slot_idx if isinstance(slot_idx, SlotLayout)
+           else SlotLayout(slot_idx, state_pool.shape[0], num_accepted_tokens))
+    if lay.valid.shape != (B,) or lay.pool_size != state_pool.shape[0] or T % len(lay.writes):
+        raise ValueError(f"slot_idx must be [B] = [{B}] (or [B, T] = [{B}, {T}]) for a pool of "
+                         f"{state_pool.shape[0]} slots")
 
     # Padding rows start from zeros rather than from whatever slot a clamp would point at; the negative
     # index itself must never reach the pool (-1 would silently mean the last slot).
     valid = lay.valid[:, None, None, None]
-    h0 = state_pool[lay.gather].to(compute_dtype)
-    h0 = torch.where(valid, h0, torch.zeros_like(h0))
-    o, final = solve(
-        q, k, v, g, beta,
-        scale=scale, initial_state=h0, qk_l2norm=qk_l2norm,
-        output_final_state=True, compute_dtype=compute_dtype, **kw,
-    )
-    assert final is not None
-    state_pool[lay.live] = final[lay.rows].to(state_pool.dtype)
+    state = state_pool[lay.gather].to(compute_dtype)
+    state = torch.where(valid, state, torch.zeros_like(state))
+    step = T // len(lay.writes)  # tokens between two state writes: T, or 1 with per-token slots
+    outs = []
+    for i, (rows, slots) in enumerate(lay.writes):
+        span = slice(i * step, (i + 1) * step)
+        o, state = solve(
+            q[:, span], k[:, span], v[:, span], g[:, span], beta[:, span],
+            scale=scale, initial_state=state, qk_l2norm=qk_l2norm,
+            output_final_state=True, compute_dtype=compute_dtype, **kw,
+        )
+        assert state is not None
+        outs.append(o)
+        state_pool[slots] = state[rows].to(state_pool.dtype)
+    o = torch.cat(outs, dim=1)
     return torch.where(valid, o, torch.zeros_like(o))

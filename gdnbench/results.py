@@ -28,7 +28,7 @@ ROW_COLUMNS = [
 CASE_COLUMNS = [
     "op", "mode", "B", "T", "seq_lens", "num_seqs", "total_tokens", "H", "HV", "K", "V", "dtype",
     "state_dtype", "gate_norm", "mask_p", "scale", "qk_l2norm", "gating", "initial_state",
-    "output_final_state", "pool_size", "slots",
+    "output_final_state", "pool_size", "slots", "per_token_slots",
 ]
 COLUMNS = ROW_COLUMNS + CASE_COLUMNS
 STATUSES = ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")

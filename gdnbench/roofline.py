@@ -23,7 +23,8 @@ def traffic(case: Case) -> tuple[float, float]:
         io -= n_tok * HV * 4
     state = case.N * HV * K * V
     if case.op == "decode":
-        io += 2 * state * BYTES[case.state_dtype] + case.N * 4  # pool slots read + written, slot_idx
+        # pool: one slot read, one written per state write (one per token with per_token_slots); slot_idx
+        io += (1 + case.state_writes) * state * BYTES[case.state_dtype] + case.N * case.state_writes * 4
         flops = n_tok * HV * 6 * K * V
     else:
         io += state * 4 * ((case.initial_state != "none") + case.output_final_state)

@@ -56,6 +56,9 @@ class Case(_Strict):
     output_final_state: bool = True
     pool_size: int | None = Field(None, ge=1, description="decode: state pool slots (default B)")
     slots: Literal["contiguous", "scattered"] = "contiguous"
+    per_token_slots: bool = Field(
+        False, description="decode, T >= 2 (speculative verify): slot_idx is [B, T], the state after token t "
+        "goes to slot_idx[b, t], and sequence b starts from slot_idx[b, num_accepted_tokens[b] - 1]")
 
     @field_validator("seq_lens")
     @classmethod
@@ -86,12 +89,16 @@ class Case(_Strict):
             need(self.mode == "padded", "decode cases are mode: padded (B sequences of T tokens)")
             need(self.B is not None, "decode needs B")
             fill["T"] = self.T or 1
-            fill["pool_size"] = self.pool_size or self.B
-            need(fill["pool_size"] >= self.B, f"pool_size={fill['pool_size']} is smaller than B={self.B}")
+            need(not self.per_token_slots or fill["T"] >= 2, "per_token_slots needs T >= 2 (speculative verify)")
+            slots = self.B * fill["T"] if self.per_token_slots else self.B  # one distinct slot per state written
+            fill["pool_size"] = self.pool_size or slots
+            need(fill["pool_size"] >= slots, f"pool_size={fill['pool_size']} is smaller than the {slots} slots "
+                 "the case writes")
             need(self.initial_state in (None, "zeros", "random"), "decode state comes from the pool")
             fill["initial_state"] = self.initial_state or "random"
         else:
-            need(self.pool_size is None and self.slots == "contiguous", "pool_size/slots are for decode")
+            need(self.pool_size is None and self.slots == "contiguous" and not self.per_token_slots,
+                 "pool_size/slots/per_token_slots are for decode")
             fill["initial_state"] = self.initial_state or "none"
         if self.mode == "padded":
             need(self.B is not None and (self.T is not None or "T" in fill), "padded cases need B and T")
@@ -119,6 +126,11 @@ class Case(_Strict):
         return self.num_seqs if self.mode == "varlen" else self.B  # type: ignore[return-value]
 
     @property
+    def state_writes(self) -> int:
+        """States each sequence writes to the pool: one, or one per token with per_token_slots."""
+        return self.T if self.per_token_slots else 1  # type: ignore[return-value]
+
+    @property
     def tokens(self) -> int:
         """Tokens in the batch, all sequences together."""
         return self.total_tokens if self.mode == "varlen" else self.B * self.T  # type: ignore[operator]
@@ -141,8 +153,9 @@ class Case(_Strict):
             "gating": "raw" if self.gating == "raw" else None,
             "init": self.initial_state if self.initial_state != ("random" if self.op == "decode" else "none") else None,
             "final": "no" if not self.output_final_state else None,
-            "pool": self.pool_size if self.op == "decode" and self.pool_size != self.B else None,
+            "pool": self.pool_size if self.op == "decode" and self.pool_size != self.N * self.state_writes else None,
             "slots": "scattered" if self.slots == "scattered" else None,
+            "spec": "per-token" if self.per_token_slots else None,
         }
         parts += [f"{k}={v}" for k, v in extras.items() if v is not None]
         return f"{self.op}/{self.mode}/" + ",".join(parts)

@@ -19,6 +19,10 @@ Options (all compile-time switches of one kernel):
   * state from/to initial_state / final_state [N, HV, K, V] fp32, or a state pool [S, HV, K, V] (fp32 or
     bf16) read and written in place at slot_idx[N] (int32); a negative slot is a padding sequence: its
     output is written as zeros and no slot is touched;
+  * speculative verify on a pool (per-token slots, vLLM's semantics): slot_idx [N, T] and
+    num_accepted_tokens [N]; the program starts from slot_idx[n, num_accepted_tokens[n] - 1] and stores
+    the state after token t to slot_idx[n, t] (a negative entry skips that store; a negative start slot
+    makes the sequence padding);
   * fused gating (``gating: raw``): g = -exp(A_log[h]) * softplus(a + dt_bias[h]) (softplus linear above
     20, as torch) and beta = sigmoid(b), from a, b [B, T, HV] and A_log, dt_bias [HV].
 
@@ -103,19 +107,19 @@ def _softplus(x):
     return tl.where(x > 20.0, x, lp)
 
 
-@triton.autotune(configs=CONFIGS, key=["K", "V", "IS_POOL", "tune_tier"],
+@triton.autotune(configs=CONFIGS, key=["K", "V", "IS_POOL", "PER_TOKEN", "tune_tier"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _recurrent_gdn_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,   # inputs (g/beta or a/b/A_log/dt_bias: the others are None)
     o,                                        # [B, T, HV, V] output
     h0, ht,                                   # [N, HV, K, V] fp32 initial / final state (or None)
-    pool, slot_idx,                           # [S, HV, K, V] pool and [N] int32 slots (or None)
+    pool, slot_idx, accepted,                 # [S, HV, K, V] pool, [N] or [N, T] int32 slots, [N] (or None)
     cu_seqlens,                               # [N + 1] int64 (or None: padded batch)
     scale, T, tune_tier,                      # tune_tier: only a key of the autotuner
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
-    RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, BV: tl.constexpr,
+    PER_TOKEN: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, BV: tl.constexpr,
 ):
     i_nh = tl.program_id(0)  # N * HV can pass 65535 (the limit of grid axes 1 and 2)
     i_v = tl.program_id(1)
@@ -141,7 +145,11 @@ def _recurrent_gdn_kernel(
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     n_live = n_tok
     if IS_POOL:
-        slot = tl.load(slot_idx + i_n).to(tl.int64)
+        if PER_TOKEN:  # start from the slot of the last accepted token (T slots per sequence)
+            p_slot = slot_idx + i_n.to(tl.int64) * T
+            slot = tl.load(p_slot + tl.load(accepted + i_n) - 1).to(tl.int64)
+        else:
+            slot = tl.load(slot_idx + i_n).to(tl.int64)
         live = slot >= 0
         n_live = tl.where(live, n_tok, 0)
         # the slot's mask, empty for a padding sequence (written as a comparison: the interpreter
@@ -188,6 +196,12 @@ def _recurrent_gdn_kernel(
         b_h = b_h + b_k[:, None] * b_u[None, :]                   # rank-1 write
         b_o = tl.sum(b_h * b_q[:, None], 0)                       # read-out
         tl.store(p_o, _cast(b_o, p_o.dtype.element_ty), mask=mask_v)
+        if PER_TOKEN:  # this token's state to its own slot (skipped for a negative one)
+            w_slot = tl.load(p_slot).to(tl.int64)
+            p_slot += 1
+            w_k = tl.where(w_slot >= 0, K, 0)
+            tl.store(pool + (tl.maximum(w_slot, 0) * HV + i_h) * (K * V) + offs_kv,
+                     _cast(b_h, pool.dtype.element_ty), mask=(offs_k[:, None] < w_k) & mask_v[None, :])
         p_q += H * K
         p_k += H * K
         p_v += HV * V
@@ -198,10 +212,11 @@ def _recurrent_gdn_kernel(
         for _ in range(n_live, n_tok):
             tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
             p_o += HV * V
-        offs_k2 = tl.arange(0, BK)
-        offs_v2 = i_v * BV + tl.arange(0, BV)
-        tl.store(pool_h + offs_k2[:, None] * V + offs_v2[None, :], _cast(b_h, pool.dtype.element_ty),
-                 mask=(offs_k2[:, None] < k_live) & (offs_v2[None, :] < V))
+        if not PER_TOKEN:  # (per-token slots were written in the loop)
+            offs_k2 = tl.arange(0, BK)
+            offs_v2 = i_v * BV + tl.arange(0, BV)
+            tl.store(pool_h + offs_k2[:, None] * V + offs_v2[None, :], _cast(b_h, pool.dtype.element_ty),
+                     mask=(offs_k2[:, None] < k_live) & (offs_v2[None, :] < V))
     elif STORE_HT:
         offs_k2 = tl.arange(0, BK)
         offs_v2 = i_v * BV + tl.arange(0, BV)
@@ -222,17 +237,17 @@ _CHOSEN: dict[tuple, dict] = {}  # tune_key -> config of the latest launch with 
 _TUNED: set[tuple] = set()  # (tune_key, dtypes) already tuned on a scratch pool
 
 
-def tune_key(K: int, V: int, *, pool: bool, N: int, HV: int) -> tuple[int, int, bool, int]:
-    """The autotuner's key for a launch: (K, V, pool or not, parallelism tier of N * HV heads).
+def tune_key(K: int, V: int, *, pool: bool, N: int, HV: int, per_token: bool = False) -> tuple[int, int, bool, bool, int]:
+    """The autotuner's key for a launch: (K, V, pool or not, per-token slots or not, parallelism tier).
 
-    The tier (0: < 256 heads, 1: < 2048, 2: more) separates small decode batches, which want many
-    narrow programs, from large ones.
+    The tier of N * HV heads (0: < 256, 1: < 2048, 2: more) separates small decode batches, which want
+    many narrow programs, from large ones.
     """
     heads = N * HV
-    return (K, V, bool(pool), 0 if heads < 256 else 1 if heads < 2048 else 2)
+    return (K, V, bool(pool), bool(per_token), 0 if heads < 256 else 1 if heads < 2048 else 2)
 
 
-def best_config(key: tuple[int, int, bool, int]) -> dict | None:
+def best_config(key: tuple[int, int, bool, bool, int]) -> dict | None:
     """The config the most recent launch with this ``tune_key`` ran with ({"BV", "num_warps",
     "num_stages"}), or None before any. Under the interpreter (one config) it is known without a run."""
     if key in _CHOSEN:
@@ -268,6 +283,7 @@ def recurrent_gdn(
     output_final_state: bool = False,
     state_pool: Tensor | None = None,
     slot_idx: Tensor | None = None,
+    num_accepted_tokens: Tensor | None = None,
     cu_seqlens: Tensor | None = None,
     qk_l2norm: bool = False,
     out: Tensor | None = None,
@@ -278,7 +294,9 @@ def recurrent_gdn(
     (post-sigmoid) [B, T, HV], or raw a, b [B, T, HV] with A_log, dt_bias [HV] (fused in the kernel).
     Varlen: B = 1 and cu_seqlens [N + 1] int64 (never read on the host). State: initial_state [N, HV, K,
     V] fp32 and/or output_final_state, or state_pool [S, HV, K, V] (fp32/bf16, contiguous) updated in
-    place at slot_idx [N] int32 (negative: padding, zero output). ``out``: an optional preallocated o.
+    place at slot_idx [N] int32 (negative: padding, zero output), or per token at slot_idx [N, T] starting
+    from slot_idx[n, num_accepted_tokens[n] - 1] (speculative verify; padded batch only). ``out``: an
+    optional preallocated o.
     Returns (o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] fp32 or None).
     """
     B, T, H, K = q.shape
@@ -302,15 +320,22 @@ def recurrent_gdn(
     else:
         N = B
     is_pool = state_pool is not None
+    per_token = num_accepted_tokens is not None
     if is_pool:
-        if slot_idx is None or slot_idx.shape != (N,) or slot_idx.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"a state pool needs slot_idx [N] = [{N}], int32 (or int64)")
+        want = (N, T) if per_token else (N,)
+        if slot_idx is None or slot_idx.shape != want or slot_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"a state pool needs slot_idx {list(want)}, int32 (or int64)"
+                             + (" with num_accepted_tokens" if per_token else ""))
+        if per_token and (cu_seqlens is not None or num_accepted_tokens.shape != (N,)):
+            raise ValueError(f"per-token slots take a padded batch and num_accepted_tokens [N] = [{N}]")
         if initial_state is not None or output_final_state:
             raise ValueError("the state lives in state_pool: no initial_state / output_final_state with it")
         if state_pool.shape[1:] != (HV, K, V) or not state_pool.is_contiguous():
             raise ValueError(f"state_pool must be a contiguous [S, {HV}, {K}, {V}] tensor")
         if state_pool.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"state_pool dtype {state_pool.dtype} not supported")
+    elif per_token:
+        raise ValueError("num_accepted_tokens goes with a state pool and slot_idx [N, T]")
     if initial_state is not None and initial_state.shape != (N, HV, K, V):
         raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}")
 
@@ -327,30 +352,34 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    key = tune_key(K, V, pool=is_pool, N=N, HV=HV)
+    key = tune_key(K, V, pool=is_pool, N=N, HV=HV, per_token=per_token)
+    if per_token:
+        slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
 
     def launch(o_: Tensor, pool_: Tensor | None, slots_: Tensor | None) -> None:
         def grid(meta):
             return (N * HV, triton.cdiv(V, meta["BV"]))
 
         _recurrent_gdn_kernel[grid](
-            q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, cu_seqlens,
-            scale, T, key[3],
+            q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, num_accepted_tokens, cu_seqlens,
+            scale, T, key[-1],
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
-            STORE_HT=ht is not None, IS_POOL=is_pool, RAW_GATE=raw, L2NORM=qk_l2norm,
+            STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, RAW_GATE=raw, L2NORM=qk_l2norm,
         )
 
     # triton's autotuner caches on its key values plus the dtype of every tensor argument: the same
     # information (and a bit more) here, so a key seen below is a key the autotuner has cached
-    tensors = (q, k, v, g, beta, a, b, A_log, dt_bias, out, h0, ht, state_pool, slot_idx, cu_seqlens)
+    tensors = (q, k, v, g, beta, a, b, A_log, dt_bias, out, h0, ht, state_pool, slot_idx, num_accepted_tokens,
+               cu_seqlens)
     full_key = (key, tuple(None if t is None else str(t.dtype) for t in tensors))
     if is_pool and len(CONFIGS) > 1 and full_key not in _TUNED:
         # The autotuner runs every candidate several times: on the live pool that would advance the
         # state many steps. Tune once per key on a scratch copy of the slots this launch touches (same
         # dtypes and key, so the real launch below finds the autotuner's cache filled).
-        scratch_slots = torch.where(slot_idx >= 0, torch.arange(N, dtype=slot_idx.dtype, device=slot_idx.device),
-                                    slot_idx)
-        launch(torch.empty_like(out), state_pool.index_select(0, slot_idx.clamp(min=0).long()), scratch_slots)
+        flat = slot_idx.reshape(-1)
+        scratch_slots = torch.where(flat >= 0, torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device), flat)
+        launch(torch.empty_like(out), state_pool.index_select(0, flat.clamp(min=0).long()),
+               scratch_slots.view_as(slot_idx))
     _TUNED.add(full_key)
     launch(out, state_pool, slot_idx)
     _CHOSEN[key] = _config_dict(_recurrent_gdn_kernel.best_config)

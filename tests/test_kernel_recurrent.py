@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import yaml
 
 from gdnbench.backends import registry
-from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, l2norm
+from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, l2norm, start_slots
 from gdnbench.suite import Case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +39,8 @@ SUITE_CASES = [
     {"op": "decode", "B": 3, "H": 1, "HV": 2, "D": 16, "pool_size": 7, "slots": "scattered"},
     {"op": "decode", "B": 2, "T": 2, "H": 1, "HV": 2, "D": 16, "state_dtype": "bf16", "dtype": "bf16",
      "gating": "raw", "qk_l2norm": "kernel", "pool_size": 5, "slots": "scattered"},
+    {"op": "decode", "B": 2, "T": 3, "H": 1, "HV": 2, "D": 16, "per_token_slots": True, "pool_size": 9,
+     "slots": "scattered", "gating": "raw"},
     {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
 ]
 
@@ -46,7 +48,8 @@ SUITE_CASES = [
 # ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
 
 def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None, h0=False, final=True,
-         raw=False, l2=False, pool=None, slots=None, pool_dtype="fp32", default_out=False, seed=0) -> dict:
+         raw=False, l2=False, pool=None, slots=None, accepted=None, pool_dtype="fp32", default_out=False,
+         seed=0) -> dict:
     """One kernel call's inputs: q/k ~ U(0, 1) (pre-normalised unless ``l2``), log-sigmoid decays."""
     gen = torch.Generator().manual_seed(seed)
     dt = DT[dtype]
@@ -72,6 +75,8 @@ def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None,
         kw["state_pool"] = torch.randn(pool, HV, K, V, generator=gen).to(DT[pool_dtype])
         kw["slot_idx"] = torch.tensor(slots, dtype=torch.int32)
         assert len(slots) == N
+        if accepted is not None:  # speculative verify: slots [N, T], start at the last accepted token
+            kw["num_accepted_tokens"] = torch.tensor(accepted, dtype=torch.int32)
     else:
         if h0:
             kw["initial_state"] = torch.randn(N, HV, K, V, generator=gen)
@@ -94,6 +99,11 @@ KERNEL_CASES = [
     make("decode-raw-bf16-pool-fp16", B=3, T=1, H=1, HV=2, raw=True, dtype="fp16", l2=True, pool=6,
          slots=[1, -1, 4], pool_dtype="bf16"),
     make("decode-varlen-pool", H=1, HV=2, seqs=[2, 1, 3], pool=9, slots=[8, -1, 3]),
+    make("spec-T3-fp32-pool-gva2", B=3, T=3, H=1, HV=2, pool=12, slots=[[4, 0, 6], [1, 9, 2], [11, 3, 5]],
+         accepted=[1, 3, 2]),
+    # a skipped write (-1 at t=1), a padding sequence (its start slot is -1) and a bf16 pool
+    make("spec-T4-bf16-pool-raw-padding", B=3, T=4, H=1, HV=2, K=60, V=60, raw=True, dtype="fp16", l2=True,
+         pool=14, slots=[[2, -1, 7, 5], [-1, -1, -1, -1], [13, 0, 8, 1]], accepted=[4, 2, 1], pool_dtype="bf16"),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
@@ -176,7 +186,8 @@ def reference(kw: dict) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor
         pool = kw["state_pool"].clone()
         slots = kw["slot_idx"]
         if "cu_seqlens" not in kw:
-            o = gdn_decode(gdn_recurrent, q, k, v, g, beta, state_pool=pool, slot_idx=slots, **common)
+            o = gdn_decode(gdn_recurrent, q, k, v, g, beta, state_pool=pool, slot_idx=slots,
+                           num_accepted_tokens=kw.get("num_accepted_tokens"), **common)
             return o, None, pool
         # varlen on a pool: the recurrence from the gathered slots, written back to the live ones
         live = slots >= 0
@@ -233,7 +244,7 @@ def test_kernel_matches_the_fp64_reference(interpreted, name):
         ulp = 2.0 ** (torch.frexp(pool_ref[live].float()).exponent.float() - 8)
         assert ((pool[live].float() - pool_ref[live].float()).abs() <= ulp).all()
         assert rel(pool[live], pool_ref[live]) < 1e-3  # most entries round alike
-    pad = slots < 0
+    pad = start_slots(kw["slot_idx"], kw.get("num_accepted_tokens")) < 0
     if pad.any():
         if "cu_seqlens" in kw:
             cu = kw["cu_seqlens"]
@@ -262,8 +273,9 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == "PASS").all(), ran[["case_id", "status", "error"]]
     assert (ran.rel_err_o < 5e-3).all() and (ran.rel_err_state < 1e-4).all()
     assert ran.path.str.contains("BV=32 num_warps=4").all() and ran.path.str.contains("interpreter").all()
-    assert ran.path.str.contains("raw gating fused").sum() == 2
-    assert ran.path.str.contains("in place at slot_idx").sum() == 2
+    assert ran.path.str.contains("raw gating fused").sum() == 3
+    assert ran.path.str.contains("in place at slot_idx").sum() == 3
+    assert ran.path.str.contains("a slot per token from num_accepted_tokens").sum() == 1
     assert set(tri[tri.status == "SKIP"].error) == {"triton.recurrent: head dims up to 256, case has K=512, V=512"}
     assert (df[df.backend == "torch.recurrent"].status == "PASS").all()
 
@@ -374,7 +386,10 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
 @pytest.mark.parametrize("bad, needle", [
     ({"g": None}, "g and beta"),
     ({"initial_state": torch.zeros(4, 2, 16, 16)}, "no initial_state"),
-    ({"slot_idx": torch.tensor([0, 1], dtype=torch.int32)}, "slot_idx [N] = [4]"),
+    ({"slot_idx": torch.tensor([0, 1], dtype=torch.int32)}, "needs slot_idx [4], int32"),
+    ({"num_accepted_tokens": torch.ones(4, dtype=torch.int32)}, "needs slot_idx [4, 2], int32 (or int64) with num"),
+    ({"num_accepted_tokens": torch.ones(4, dtype=torch.int32), "slot_idx": torch.zeros(4, 2, dtype=torch.int32),
+      "state_pool": None}, "num_accepted_tokens goes with a state pool"),
     ({"state_pool": torch.zeros(8, 2, 16, 16).transpose(2, 3)}, "contiguous"),
     ({"out": torch.empty(4, 2, 2, 16, dtype=torch.float16)}, "out must be"),
 ])
@@ -393,6 +408,7 @@ def test_launcher_rejects_bad_arguments(bad, needle):
     (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16"}),
     (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
     (256, 256, 32, 8, {"ht": True}),
+    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16"}),
 ])
 def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
@@ -411,12 +427,12 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
         pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
     pool, dt = mode.get("pool"), mode.get("dt", "fp32")
     ptr = {"q": dt, "k": dt, "v": dt, "g": "fp32", "beta": dt, "a": dt, "b": dt, "A_log": "fp32", "dt_bias": "fp32",
-           "o": dt, "h0": "fp32", "ht": "fp32", "pool": pool or "fp32", "slot_idx": "i32", "cu_seqlens": "i64"}
+           "o": dt, "h0": "fp32", "ht": "fp32", "pool": pool or "fp32", "slot_idx": "i32", "accepted": "i32", "cu_seqlens": "i64"}
     const = dict(H=2, HV=4, K=K, V=V, BK=triton.next_power_of_2(K), IS_VARLEN=bool(mode.get("varlen")),
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
-                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
+                 PER_TOKEN=bool(mode.get("per_token")), RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
-        ([] if pool else ["pool", "slot_idx"]) + ([] if const["USE_H0"] else ["h0"]) + \
+        ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + ([] if const["USE_H0"] else ["h0"]) + \
         ([] if const["STORE_HT"] else ["ht"]) + ([] if const["IS_VARLEN"] else ["cu_seqlens"])
     const.update(dict.fromkeys(unused))
     sig = {name: "constexpr" if name in const else f"*{t}" for name, t in ptr.items()}

@@ -75,6 +75,16 @@ def test_decode_pool_and_slots():
     assert p.state_pool.float().std() > 0.5  # random pool: a stray write is visible
 
 
+def test_per_token_slots_problem():
+    c = Case(op="decode", B=5, T=3, H=1, D=8, per_token_slots=True, pool_size=40, slots="scattered")
+    p = make_problem(c, 0)
+    assert p.slot_idx.shape == (5, 3) and p.slot_idx.dtype == torch.int32
+    assert len(set(p.slot_idx.flatten().tolist())) == 15 and p.slot_idx.max() < 40
+    acc = p.num_accepted_tokens
+    assert acc.shape == (5,) and acc.dtype == torch.int32 and ((acc >= 1) & (acc <= 3)).all()
+    assert make_problem(Case(op="decode", B=2, H=1, D=8), 0).num_accepted_tokens is None
+
+
 def test_roofline_matches_design_figures():
     nbytes, flops = traffic(Case(B=1, T=65536, H=16, HV=32, D=128))
     assert abs(flops / 1e12 - 0.38) < 0.01 and abs(nbytes / 1e9 - 1.6) < 0.05

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from gdnbench.reference import gate_from_raw, gdn_chunk, gdn_decode, gdn_recurrent, l2norm
+from gdnbench.reference import SlotLayout, gate_from_raw, gdn_chunk, gdn_decode, gdn_recurrent, l2norm
 
 f32, f64 = torch.float32, torch.float64
 
@@ -305,6 +307,48 @@ def test_decode_all_padding_and_fp64():
     o = gdn_decode(gdn_chunk, **x, state_pool=pool, slot_idx=torch.tensor([-1, -3], dtype=torch.int32),
                    compute_dtype=f64, chunk_size=16)
     assert o.dtype == f64 and torch.equal(o, torch.zeros_like(o)) and torch.equal(pool, before)
+
+
+@pytest.mark.parametrize("pool_dtype", [f32, torch.bfloat16])
+@pytest.mark.parametrize("solve", [gdn_recurrent, gdn_chunk])
+def test_decode_per_token_slots_runs_token_by_token(solve, pool_dtype):
+    """Speculative verify: start at the last accepted token's slot, write the state after every token."""
+    H, HV, K, V, T, S = 1, 2, 8, 8, 3, 14
+    slots = torch.tensor([[4, 0, 6], [-1, 9, 2], [-1, -1, -1], [11, 3, 13]], dtype=torch.int32)
+    accepted = torch.tensor([1, 3, 2, 3], dtype=torch.int32)
+    B = slots.shape[0]
+    x = make_inputs(B, T, H, HV, K, V, seed=5)
+    x.pop("initial_state")
+    pool = torch.randn(S, HV, K, V, generator=torch.Generator().manual_seed(3)).to(pool_dtype)
+    before = pool.clone()
+    o = gdn_decode(solve, **x, state_pool=pool, slot_idx=slots, num_accepted_tokens=accepted)
+
+    # by hand: each live sequence, one token at a time with gdn_recurrent, from its start slot
+    want = before.clone()
+    for b, start in ((0, 4), (1, 2), (3, 13)):
+        state = before[start:start + 1].double()
+        for t in range(T):
+            o_t, state = gdn_recurrent(**{n: x[n][b:b + 1, t:t + 1] for n in ("q", "k", "v", "g", "beta")},
+                                       initial_state=state, compute_dtype=f64)
+            assert rel_rms(o[b, t], o_t[0, 0]) < 1e-5
+            if slots[b, t] >= 0:  # row 1 skips the write of token 0
+                want[slots[b, t]] = state[0].to(pool_dtype)
+    assert torch.equal(o[2], torch.zeros_like(o[2]))  # its start slot is -1: padding
+    assert rel_rms(pool.float(), want.float()) < 1e-6
+    changed = (pool != before).flatten(1).any(1).nonzero().flatten().tolist()
+    assert changed == sorted([4, 0, 6, 9, 2, 11, 3, 13])
+
+
+@pytest.mark.parametrize("slots, accepted, needle", [
+    ([[0, 1], [2, 3]], None, "needs num_accepted_tokens"),
+    ([[0, 1], [2, 3]], [1, 3], "in 1..T=2"),
+    ([[0, 1], [2, 1]], [1, 1], "repeats a non-negative slot"),
+    ([[0, 1], [2, 9]], [1, 1], "out of range"),
+    ([0, 1], [1, 1], "slot_idx must be [B]"),
+])
+def test_slot_layout_validation(slots, accepted, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        SlotLayout(torch.tensor(slots), 4, None if accepted is None else torch.tensor(accepted))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -43,6 +43,9 @@ def test_varlen_and_decode_resolution():
     d = Case(op="decode", B=3, H=1, D=8)
     assert (d.T, d.pool_size, d.initial_state) == (1, 3, "random")
     assert Case(B=1, T=2, H=1, D=8).initial_state == "none"
+    spec = Case(op="decode", B=3, T=4, H=1, D=8, per_token_slots=True)
+    assert (spec.pool_size, spec.state_writes) == (12, 4) and "spec=per-token" in spec.id
+    assert "pool=" not in spec.id and "pool=12" in Case(op="decode", B=3, T=4, H=1, D=8, pool_size=12).id
 
 
 def test_shipped_suites_load():
@@ -64,6 +67,10 @@ def test_shipped_suites_load():
     (dict(cases=[{"mode": "varlen", "seq_lens": [3, 0]}]), ["cases[0]", "seq_lens"]),
     (dict(cases=[{"mode": "varlen", "B": 2, "seq_lens": [3]}]), ["cases[0]", "not B/T"]),
     (dict(cases=[{"op": "decode", "B": 4, "pool_size": 2}]), ["cases[0]", "pool_size=2"]),
+    (dict(cases=[{"op": "decode", "B": 4, "T": 2, "per_token_slots": True, "pool_size": 6}]),
+     ["cases[0]", "pool_size=6", "8 slots"]),
+    (dict(cases=[{"op": "decode", "B": 4, "per_token_slots": True}]), ["cases[0]", "T >= 2"]),
+    (dict(cases=[{"B": 4, "T": 8, "per_token_slots": True}]), ["cases[0]", "per_token_slots are for decode"]),
     (dict(cases=[{"B": 1, "T": 8, "gating": "raw", "gate_norm": 2}]), ["cases[0]", "gating: raw"]),
     (dict(cases=[{"B": 1, "T": 8}, {"B": 1, "T": 8}]), ["cases[1]", "duplicate case id"]),
     (dict(axes={"B": [1, "x"], "T": [8]}), ["axes (combination 1)", "'B'"]),

@@ -75,6 +75,7 @@ class Backend:
     gva: bool = True
     gating: frozenset[str] = frozenset({"pre"})
     qk_l2norm: frozenset[str] = frozenset({"pre", "kernel"})
+    per_token_slots: bool = False  # speculative verify: a state slot per token, start at the accepted one
     archs: frozenset[tuple[int, int]] | None = None  # CUDA compute capabilities; None: any
     requires: tuple[str, ...] = ()  # modules that must import for the backend to be available
     package: str | None = None  # distribution whose version is recorded on every row
@@ -122,6 +123,8 @@ class Backend:
             return f"{n}: gating: {case.gating} not supported (serves {', '.join(sorted(self.gating))})"
         if case.qk_l2norm not in self.qk_l2norm:
             return f"{n}: qk_l2norm: {case.qk_l2norm} not supported (serves {', '.join(sorted(self.qk_l2norm))})"
+        if case.per_token_slots and not self.per_token_slots:
+            return f"{n}: no per-token state slots (speculative verify from num_accepted_tokens)"
         if self.archs is not None and device.type == "cuda":
             cc = torch.cuda.get_device_capability(device)
             if cc not in self.archs:
@@ -152,6 +155,7 @@ def backend(
     gva: bool = True,
     gating: Collection[str] = ("pre",),
     qk_l2norm: Collection[str] = ("pre", "kernel"),
+    per_token_slots: bool = False,
     archs: Collection[tuple[int, int]] | None = None,
     requires: Collection[str] = (),
     package: str | None = None,
@@ -167,7 +171,7 @@ def backend(
             dtypes=frozenset(dtypes), state_dtypes=frozenset(state_dtypes),
             head_dims=frozenset(head_dims) if head_dims is not None else None,
             max_head_dim=max_head_dim, equal_kv=equal_kv, varlen=varlen, gva=gva,
-            gating=frozenset(gating), qk_l2norm=frozenset(qk_l2norm),
+            gating=frozenset(gating), qk_l2norm=frozenset(qk_l2norm), per_token_slots=per_token_slots,
             archs=frozenset(archs) if archs is not None else None,
             requires=tuple(requires), package=package,
             description=description or (prepare.__doc__ or "").strip().split("\n")[0],

@@ -6,7 +6,7 @@ from gdnbench.problem import Problem
 
 
 @backend("torch.chunk", ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"},
-         package="torch")
+         per_token_slots=True, package="torch")
 def torch_chunk(p: Problem) -> Prepared:
     """Chunked (C=64) WY / UT-transform algorithm in plain PyTorch, fp32."""
     return prepare(p, "chunk")

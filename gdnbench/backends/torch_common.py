@@ -20,7 +20,7 @@ ALGORITHMS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor | None]]] =
 def layouts(p: Problem) -> dict[str, Any]:
     """Host-side index work done once, so that a timed call has no host syncs (graph-capturable)."""
     if p.case.op == "decode":
-        return {"slot_idx": reference.SlotLayout(p.slot_idx, p.state_pool.shape[0])}
+        return {"slot_idx": reference.SlotLayout(p.slot_idx, p.state_pool.shape[0], p.num_accepted_tokens)}
     if p.cu_seqlens is not None:
         return {"cu_seqlens": reference.VarlenLayout.build(p.cu_seqlens, p.q.shape[1])}
     return {}

@@ -30,7 +30,7 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 
 @backend("triton.recurrent", triton=True, ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"},
-         max_head_dim=256, requires=(KERNEL,), package="triton", check=_check)
+         max_head_dim=256, per_token_slots=True, requires=(KERNEL,), package="triton", check=_check)
 def triton_recurrent(p: Problem) -> Prepared:
     """Bundled Triton fused recurrent kernel (decode in place on the pool; raw gating fused)."""
     from gdnbench_kernels import recurrent as kern
@@ -50,17 +50,19 @@ def triton_recurrent(p: Problem) -> Prepared:
         notes.append("q/k l2norm in kernel")
 
     N = p.cu_seqlens.shape[0] - 1 if p.cu_seqlens is not None else p.q.shape[0]
-    key = kern.tune_key(case.K, case.V, pool=case.op == "decode", N=N, HV=case.HV)
+    key = kern.tune_key(case.K, case.V, pool=case.op == "decode", N=N, HV=case.HV, per_token=case.per_token_slots)
 
     if case.op == "decode":
         pool = StatePool(p.state_pool)  # K-first, the pool's own dtype: the kernel's native layout
 
         def call() -> None:
-            kern.recurrent_gdn(p.q, p.k, p.v, **kw, state_pool=pool.pool, slot_idx=p.slot_idx, out=o)
+            kern.recurrent_gdn(p.q, p.k, p.v, **kw, state_pool=pool.pool, slot_idx=p.slot_idx,
+                               num_accepted_tokens=p.num_accepted_tokens, out=o)
 
         outputs = lambda: Outputs(o=o, state_pool=pool.canonical())  # noqa: E731
         reset = pool.reset
-        notes.append(f"pool {case.state_dtype} in place at slot_idx")
+        notes.append(f"pool {case.state_dtype} in place at slot_idx"
+                     + (", a slot per token from num_accepted_tokens" if case.per_token_slots else ""))
     else:
         def call() -> None:
             _, out["state"] = kern.recurrent_gdn(p.q, p.k, p.v, **kw, initial_state=p.initial_state,
