@@ -56,3 +56,29 @@ def test_broken_plugin_is_unavailable_not_fatal(installed):
     assert reason and "no_such_plugin_module" in reason
     res = CliRunner().invoke(app, ["list"])
     assert res.exit_code == 0 and "broken.thing" in res.output
+
+
+def test_regression_demo_backend_adds_the_requested_passes(monkeypatch):
+    """examples/regression_demo: fla.chunk's envelope under its own name, plus N copies of q, k, v per call."""
+    import torch
+
+    from gdnbench.backends import get_backend
+    from gdnbench.problem import make_problem
+    from gdnbench.suite import Case
+
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent.parent))
+    demo = get_backend("examples.regression_demo.slowed_fla:demo_fla_chunk")
+    fla = registry()["fla.chunk"]
+    assert demo.name == "demo.fla_chunk" and (demo.ops, demo.devices, demo.archs) == (fla.ops, fla.devices, fla.archs)
+
+    # its FLA call swapped for the CPU reference, to count the extra copies on this machine
+    slowed = sys.modules["examples.regression_demo.slowed_fla"]
+    monkeypatch.setattr(slowed, "FLA", registry()["torch.chunk"])
+    monkeypatch.setenv("GDNBENCH_DEMO_EXTRA_PASSES", "2")
+    copies = []
+    real_copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src, *a, **k: copies.append(1) or real_copy(self, src))
+    prepared = demo.prepare(make_problem(Case(B=1, T=8, H=1, D=8, dtype="fp32"), 0))
+    prepared.call()
+    assert len(copies) == 6 and prepared.path.endswith("+2 extra pass(es) over q, k, v")
+    assert prepared.outputs().o.shape == (1, 8, 1, 8)
