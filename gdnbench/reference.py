@@ -34,6 +34,7 @@ the last three lines need the sequential pass over chunks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -275,7 +276,25 @@ def gdn_recurrent(
 # --------------------------------------------------------------------------------------------------
 
 
-def gdn_chunk(
+@dataclass
+class ChunkIntermediates:
+    """Every quantity of the chunked algorithm, for checking a chunked kernel stage by stage.
+
+    Token-indexed fields are in the canonical token layout [B, T, HV, ...] (varlen: B = 1), so they
+    line up with a kernel's per-token buffers; chunks start at each sequence's first token.
+    """
+
+    gc: Tensor  # [B, T, HV] chunk-local cumulative log decay
+    A_inv: Tensor  # [B, T, HV, C] each token's row of its chunk's (I + A)^-1
+    W: Tensor  # [B, T, HV, K] (I + A)^-1 diag(beta) (exp(gc) o K)
+    U: Tensor  # [B, T, HV, V] (I + A)^-1 diag(beta) V
+    v_new: Tensor  # [B, T, HV, V] U - W S: the writes each token actually makes
+    h: Tensor  # [N, HV, NC, K, V] the state entering each chunk (NC: chunks of the longest sequence)
+    o: Tensor  # [B, T, HV, V]
+    final_state: Tensor  # [N, HV, K, V]
+
+
+def chunk_intermediates(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -286,14 +305,11 @@ def gdn_chunk(
     initial_state: Tensor | None = None,
     cu_seqlens: Tensor | VarlenLayout | None = None,
     qk_l2norm: bool = False,
-    output_final_state: bool = True,
     compute_dtype: torch.dtype = torch.float32,
     chunk_size: int = 64,
-) -> tuple[Tensor, Tensor | None]:
-    """The gated delta rule via the chunked UT-transform algorithm (derivation in the module docstring).
-
-    Same contract as gdn_recurrent; an independent second implementation to cross-check it.
-    """
+) -> ChunkIntermediates:
+    """The gated delta rule via the chunked UT-transform algorithm (derivation in the module docstring),
+    keeping every intermediate. Arguments as gdn_recurrent's."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     p = _Prepared(q, k, v, g, beta, scale, initial_state, cu_seqlens, qk_l2norm, compute_dtype)
@@ -316,13 +332,12 @@ def gdn_chunk(
 
     # A = strictLower(diag(beta) (Gamma o K K^T)); I + A is unit lower triangular.
     A = (Gamma * (Kc @ Kc.transpose(-1, -2))).masked_fill(~strict, 0.0) * Bt[..., :, None]
-    L = A + torch.eye(C, dtype=A.dtype, device=p.device)
-    # T = (I + A)^{-1} diag(beta) is never formed: W = T (exp(gc) o K) and U = T V are each one
-    # triangular solve with diag(beta) folded into the right-hand side.
+    eye = torch.eye(C, dtype=A.dtype, device=p.device)
+    A_inv = torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
+    # T = (I + A)^{-1} diag(beta): diag(beta) is folded into the right-hand sides.
     eg = gc.exp()[..., None]  # [N, HV, NC, C, 1]
-    rhs = torch.cat([Bt[..., None] * eg * Kc, Bt[..., None] * Vc], dim=-1)
-    WU = torch.linalg.solve_triangular(L, rhs, upper=False, unitriangular=True)
-    W, U = WU[..., :K], WU[..., K:]
+    W = A_inv @ (Bt[..., None] * eg * Kc)
+    U = A_inv @ (Bt[..., None] * Vc)
 
     P = Gamma * (Q @ Kc.transpose(-1, -2))  # decayed causal Q K^T, diagonal included (Gamma is 0 above)
     Qd = eg * Q  # reads the incoming state through the decay accumulated so far in the chunk
@@ -330,13 +345,43 @@ def gdn_chunk(
     g_last = gc[..., -1].exp()  # [N, HV, NC]
 
     S = p.S0.clone()
-    o = Q.new_empty(N, HV, NC, C, V)
+    o, v_new = Q.new_empty(N, HV, NC, C, V), Q.new_empty(N, HV, NC, C, V)
+    h = Q.new_empty(N, HV, NC, K, V)
     for c in range(NC):
-        v_new = U[:, :, c] - W[:, :, c] @ S  # the actual writes u_i of this chunk
-        o[:, :, c] = Qd[:, :, c] @ S + P[:, :, c] @ v_new
-        S = g_last[:, :, c, None, None] * S + Kd[:, :, c].transpose(-1, -2) @ v_new
-    o = o.view(N, HV, NC * C, V)[:, :, :Tp]
-    return p.unpad_output(o), (S if output_final_state else None)
+        h[:, :, c] = S
+        v_new[:, :, c] = U[:, :, c] - W[:, :, c] @ S  # the actual writes u_i of this chunk
+        o[:, :, c] = Qd[:, :, c] @ S + P[:, :, c] @ v_new[:, :, c]
+        S = g_last[:, :, c, None, None] * S + Kd[:, :, c].transpose(-1, -2) @ v_new[:, :, c]
+
+    def tokens(x: Tensor) -> Tensor:  # [N, HV, NC, C, D] -> canonical [B, T, HV, D]
+        return p.unpad_output(x.reshape(N, HV, NC * C, x.shape[-1])[:, :, :Tp])
+
+    return ChunkIntermediates(gc=tokens(gc[..., None])[..., 0], A_inv=tokens(A_inv), W=tokens(W), U=tokens(U),
+                              v_new=tokens(v_new), h=h, o=tokens(o), final_state=S)
+
+
+def gdn_chunk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    cu_seqlens: Tensor | VarlenLayout | None = None,
+    qk_l2norm: bool = False,
+    output_final_state: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor | None]:
+    """The gated delta rule via the chunked UT-transform algorithm (derivation in the module docstring).
+
+    Same contract as gdn_recurrent; an independent second implementation to cross-check it.
+    """
+    r = chunk_intermediates(q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+                            qk_l2norm=qk_l2norm, compute_dtype=compute_dtype, chunk_size=chunk_size)
+    return r.o, (r.final_state if output_final_state else None)
 
 
 # --------------------------------------------------------------------------------------------------
