@@ -1,0 +1,92 @@
+"""triton.chunk and triton.chunk_fused: the bundled chunked-prefill Triton kernels.
+
+``triton.chunk`` (gdnbench_kernels.chunk) is the standard six-kernel chunkwise pipeline;
+``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T, the triangular solve and
+W/U into one kernel and, for short sequences, the outputs into the state pass. Both take raw gating,
+q/k L2 normalisation and GVA inside the kernels. The chunk layout (from cu_seqlens, read on the host)
+and every intermediate buffer are built here, outside the timed call, which then neither allocates
+nor syncs. Runs on a CPU in Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from gdnbench.backends.base import Outputs, Prepared, backend
+from gdnbench.problem import Problem
+from gdnbench.suite import Case
+
+CHUNK_KERNEL = "gdnbench_kernels.chunk"
+FUSED_KERNEL = "gdnbench_kernels.chunk_fused"
+
+
+def _check(case: Case, device: torch.device) -> str | None:
+    # Triton decides between compiling and interpreting when a kernel module is imported (the fused
+    # module's kernels are decided with the chunk module's, which it imports): if that happened before
+    # TRITON_INTERPRET=1 was set, the kernels were compiled for a GPU that is not there.
+    loaded = sys.modules.get(CHUNK_KERNEL)
+    if device.type == "cpu" and loaded is not None and not loaded.INTERPRETED:
+        return f"{CHUNK_KERNEL} was imported before TRITON_INTERPRET=1 was set"
+    return None
+
+
+def _prepare(p: Problem, *, fused: bool) -> Prepared:
+    from gdnbench_kernels import chunk, chunk_fused
+
+    case = p.case
+    raw = case.gating == "raw"
+    gating: dict[str, Any] = (dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias) if raw
+                              else dict(g=p.g, beta=p.beta))
+    layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
+    fuse_output = fused and chunk_fused.fuse_output_default(layout)
+    ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
+                                       final_state=case.output_final_state)
+    o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call
+    kw: dict[str, Any] = dict(gating, scale=p.scale, initial_state=p.initial_state,
+                              output_final_state=case.output_final_state, cu_seqlens=p.cu_seqlens, layout=layout,
+                              qk_l2norm=p.qk_l2norm_in_kernel, out=o, workspace=ws)
+    if fused:
+        def call() -> None:
+            chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output)
+
+        kernels = "prep (gate+kkt+solve+wu)"
+        configs = chunk_fused.STATE_CONFIGS
+    else:
+        def call() -> None:
+            chunk.chunk_gdn(p.q, p.k, p.v, **kw)
+
+        kernels = "gate, kkt, solve, wu"
+        configs = chunk.STATE_CONFIGS
+
+    if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
+        call()
+    describe = (chunk_fused.describe(fuse_output=fuse_output) if fused
+                else chunk.describe(fuse_output=False))
+    notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
+    if raw:
+        notes.append("raw gating fused")
+    if p.qk_l2norm_in_kernel:
+        notes.append("q/k l2norm in kernel")
+    if chunk.INTERPRETED:
+        notes.append("triton interpreter")
+    outputs = lambda: Outputs(o=o, final_state=ws.final_state if case.output_final_state else None)  # noqa: E731
+    return Prepared(call=call, outputs=outputs, path="; ".join(notes))
+
+
+_ENVELOPE: dict[str, Any] = dict(ops={"prefill"}, devices={"cpu", "cuda"}, gating={"pre", "raw"}, max_head_dim=256,
+                                 package="triton", check=_check, triton=True)
+
+
+@backend("triton.chunk", requires=(CHUNK_KERNEL,), **_ENVELOPE)
+def triton_chunk(p: Problem) -> Prepared:
+    """Bundled Triton chunked prefill, one kernel per stage (C=64, as FLA's pipeline)."""
+    return _prepare(p, fused=False)
+
+
+@backend("triton.chunk_fused", requires=(FUSED_KERNEL,), **_ENVELOPE)
+def triton_chunk_fused(p: Problem) -> Prepared:
+    """Bundled Triton chunked prefill, gate+K K^T+solve+W/U fused (and the output pass for short sequences)."""
+    return _prepare(p, fused=True)

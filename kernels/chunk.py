@@ -1,0 +1,651 @@
+"""Chunked gated delta rule (prefill), Triton: the standard multi-kernel chunkwise pipeline.
+
+The algorithm is the one derived in ``gdnbench.reference`` (module docstring): chunks of C = 64
+tokens, chunk-local cumulative log decay gc, A = strictLower(diag(beta)(Gamma o K K^T)),
+(I + A)^-1, W = (I + A)^-1 diag(beta) (exp(gc) o K), U = (I + A)^-1 diag(beta) V, then a sequential
+pass over chunks for the state (v_new = U - W S, S <- exp(gc_C) S + (exp(gc_C - gc) o K)^T v_new)
+and a parallel pass for the outputs (O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new, scaled).
+
+One kernel per stage, every intermediate round-trips through global memory (as FLA's pipeline does,
+which is what this variant is measured against; ``chunk_fused`` removes the round trips):
+
+  (a) ``_chunk_gate_kernel``   per (chunk, value head): gc = cumsum(g) (raw gating: g and beta from
+                               a, b, A_log, dt_bias first) -> gc fp32 (and beta fp32 for raw gating);
+  (b) ``_chunk_kkt_kernel``    per (chunk, value head): A [C, C] fp32 (one 64 x 64 tensor-core dot);
+  (c) ``_chunk_solve_kernel``  per (chunk, value head): (I + A)^-1 by blocks: the four 16 x 16
+                               diagonal blocks by forward substitution in registers, the six
+                               off-diagonal blocks from them (12 small dots) -> Ai, input dtype;
+  (d) ``_chunk_wu_kernel``     per (chunk, value head): W = Ai (beta exp(gc) o K), U = Ai (beta o V);
+  (e) ``_chunk_state_kernel``  per (sequence, value head, V-block of BV columns): walks the chunks of
+                               its sequence with the [K, BV] state slice in registers (fp32), stores
+                               the chunk-entry states h [NT, HV, K, V] and v_new (input dtype), takes
+                               initial_state, writes final_state (fp32);
+  (f) ``_chunk_output_kernel`` per (chunk, value head, V-block): the outputs from q, k, gc, h, v_new.
+
+(e) can also compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one
+launch and no h round trip instead of parallelism over chunks, which ``chunk_fused`` uses for short
+sequences. Both variants share (e) and (f) and every device function below.
+
+Layout: every token-indexed buffer is flat over tokens ([B * T, heads, dim], the canonical tensors'
+own memory), and every kernel finds its sequence through ``cu_seqlens`` (a padded batch gets b * T
+bounds), so padded and varlen batches are one code path. Chunks never straddle sequences: a
+``ChunkLayout`` (built once on the host, outside any timed call) lists each chunk's (sequence, chunk)
+and each sequence's first chunk; rows past a sequence's end load as zeros and have g = beta = 0, so
+they neither decay nor write. GVA: value head h reads q/k head h // (HV // H). Head dims are padded
+to a power of two >= 16 (tl.dot's minimum) and masked, so 60 and 100 run in 64 and 128 tiles.
+
+Hopper (sm_90) design choices and what they should buy:
+  * C = 64 and one [64, K] key tile per chunk: K K^T, W, U, Q K^T, Q S and the state update are
+    64-row tensor-core dots with bf16/fp16 operands and fp32 accumulation (fp32 inputs: real fp32,
+    ``input_precision="ieee"``). The key dim is one tile (K <= 256) rather than 64-wide blocks because
+    the in-kernel q/k L2 norm needs whole rows; at K = 128 that is a 16 KB operand, fine at 4 warps.
+  * the block inverse (c) keeps 16 x 16 pieces in registers; its dots are small but off the critical
+    path (one program per chunk and head, all in parallel).
+  * the state pass (e) is the only sequential part: its parallelism is N * HV * V / BV programs, so
+    BV (32 or 64) is autotuned with a parallelism tier in the key; 4 warps, 2-3 stages to prefetch the
+    next chunk's W/U/k while the current dots run.
+  * the output pass (f) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
+Autotuning is limited to (e) and (f), keyed on (K, V, ...) plus triton's dtype key, at most four
+candidates each; the other kernels have one fixed launch config. Under the Triton interpreter there
+is one config per kernel and no tuning; bf16 dots are computed from fp32 copies there (the
+interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even (``recurrent._cast``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .recurrent import _EPS, _cast, _softplus
+
+__all__ = ["chunk_gdn", "ChunkLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe"]
+
+CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
+_INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+# The interpreter's tl.dot on bf16 operands returns garbage: there, bf16 dots run on fp32 copies
+# (exact products, fp32 accumulation: what a GPU's bf16 MMA computes).
+_UPCAST_BF16_DOT: tl.constexpr = tl.constexpr(_INTERPRET_ENV)
+
+
+# ---- device functions shared by both variants ---------------------------------------------------------
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    """a @ b with fp32 accumulation; IEEE: fp32 operands multiply in full fp32, not tf32."""
+    if _UPCAST_BF16_DOT and a.dtype == tl.bfloat16:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _chunk_bounds(cu_seqlens, chunk_indices, i_c):
+    """(first token of the sequence, chunk index within it, sequence length) of global chunk i_c."""
+    i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int64)
+    i_t = tl.load(chunk_indices + 2 * i_c + 1)
+    bos = tl.load(cu_seqlens + i_n)
+    n_tok = (tl.load(cu_seqlens + i_n + 1) - bos).to(tl.int32)
+    return bos, i_t, n_tok
+
+
+@triton.jit
+def _load_tile(base, rows, n_rows, row_stride, cols, n_cols):
+    """base[rows, cols] (rows >= n_rows and cols >= n_cols read as 0). Offsets from base are int32
+    (the launcher checks a sequence's extent fits); base itself carries the 64-bit sequence offset."""
+    ptrs = base + rows[:, None] * row_stride + cols[None, :]
+    return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+
+
+@triton.jit
+def _store_tile(base, rows, n_rows, row_stride, cols, n_cols, x):
+    """base[rows, cols] = x (cast to base's dtype), inside the bounds only."""
+    ptrs = base + rows[:, None] * row_stride + cols[None, :]
+    if x.dtype != base.dtype.element_ty:  # _cast narrows fp32 only
+        x = _cast(x, base.dtype.element_ty)
+    tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
+
+
+@triton.jit
+def _load_qk(base, rows, n_rows, row_stride, K: tl.constexpr, BK: tl.constexpr, L2NORM: tl.constexpr):
+    """A [rows, BK] tile of q or k in its own dtype, L2-normalised per row in fp32 if L2NORM."""
+    x = _load_tile(base, rows, n_rows, row_stride, tl.arange(0, BK), K)
+    if L2NORM:
+        xf = x.to(tl.float32)
+        x = _cast(xf * tl.rsqrt(tl.sum(xf * xf, 1) + _EPS)[:, None], x.dtype)
+    return x
+
+
+@triton.jit
+def _gate_rows(g, beta, a, b, A_log, dt_bias, tok, valid, i_h, HV: tl.constexpr, RAW_GATE: tl.constexpr):
+    """(log decay, beta) of value head i_h at flat token indices tok, fp32, 0 where not valid.
+
+    Zero on invalid rows (past the sequence's end) keeps their cumulative decay equal to the last
+    valid one, so no exp() of a decay difference that involves them can overflow.
+    """
+    if RAW_GATE:
+        x = tl.load(a + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
+        b_g = -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * _softplus(x)
+        b_beta = tl.sigmoid(tl.load(b + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32))
+    else:
+        b_g = tl.load(g + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32)
+        b_beta = tl.load(beta + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32)
+    return tl.where(valid, b_g, 0.0), tl.where(valid, b_beta, 0.0)
+
+
+@triton.jit
+def _decay_masked(s, gc_r, gc_c, keep):
+    """s o Gamma where keep (Gamma_ij = exp(gc_i - gc_j)), 0 elsewhere; exp never sees a dropped entry
+    (above the diagonal the difference is positive and could overflow)."""
+    return tl.where(keep, s * tl.exp(tl.where(keep, gc_r[:, None] - gc_c[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def _kkt_block(k_r, k_c, gc_r, gc_c, beta_r, rows, cols, n_valid, IEEE: tl.constexpr):
+    """The (rows, cols) block of A = strictLower(diag(beta) (Gamma o K K^T)), fp32; rows past
+    n_valid are 0, so a short last chunk's I + A is the identity there."""
+    keep = (rows[:, None] > cols[None, :]) & (rows[:, None] < n_valid)
+    return _decay_masked(_dot(k_r, tl.trans(k_c), IEEE), gc_r, gc_c, keep) * beta_r[:, None]
+
+
+@triton.jit
+def _invert_unit_lower16(A):
+    """(I + A)^-1 for a strictly lower triangular [16, 16] fp32 tile, by forward substitution:
+    row i of the inverse is e_i - a_i X (a_i: row i of A; X's rows above i are already final)."""
+    r = tl.arange(0, 16)
+    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in range(1, 16):
+        a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)
+        X = tl.where(r[:, None] == i, X - tl.sum(a_i[:, None] * X, 0)[None, :], X)
+    return X
+
+
+@triton.jit
+def _invert_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, IEEE: tl.constexpr):
+    """(I + A)^-1 of a 64 x 64 strictly lower A given as its ten 16 x 16 lower blocks (A_ij, fp32).
+
+    With D_i = (I + A_ii)^-1, block (i, j < i) of the inverse is -D_i sum_{j <= m < i} A_im X_mj.
+    Returns the ten lower blocks X_ij in the same order, fp32.
+    """
+    X00 = _invert_unit_lower16(A00)
+    X11 = _invert_unit_lower16(A11)
+    X22 = _invert_unit_lower16(A22)
+    X33 = _invert_unit_lower16(A33)
+    X10 = -_dot(X11, _dot(A10, X00, IEEE), IEEE)
+    X21 = -_dot(X22, _dot(A21, X11, IEEE), IEEE)
+    X32 = -_dot(X33, _dot(A32, X22, IEEE), IEEE)
+    X20 = -_dot(X22, _dot(A20, X00, IEEE) + _dot(A21, X10, IEEE), IEEE)
+    X31 = -_dot(X33, _dot(A31, X11, IEEE) + _dot(A32, X21, IEEE), IEEE)
+    X30 = -_dot(X33, _dot(A30, X00, IEEE) + _dot(A31, X10, IEEE) + _dot(A32, X20, IEEE), IEEE)
+    return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
+
+
+@triton.jit
+def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_valid, scale, IEEE: tl.constexpr):
+    """scale * (exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new) for one chunk, fp32 [C, BV].
+
+    b_h: the state entering the chunk and b_v: v_new, both in the dot dtype."""
+    b_o = _dot(b_q, b_h, IEEE) * tl.exp(b_gc)[:, None]
+    keep = (rows[:, None] >= rows[None, :]) & (rows[:, None] < n_valid)
+    b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), b_gc, b_gc, keep)
+    return (b_o + _dot(_cast(b_s, b_v.dtype), b_v, IEEE)) * scale
+
+
+# ---- (a) - (d): the chunk-parallel stages --------------------------------------------------------------
+
+@triton.jit
+def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, chunk_indices,
+                       HV: tl.constexpr, BT: tl.constexpr, RAW_GATE: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    rows = i_t * BT + tl.arange(0, BT)
+    valid = rows < n_tok
+    tok = bos + rows
+    b_g, b_beta = _gate_rows(g, beta, a, b, A_log, dt_bias, tok, valid, i_h, HV, RAW_GATE)
+    tl.store(gc + tok * HV + i_h, tl.cumsum(b_g, 0), mask=valid)
+    if RAW_GATE:
+        tl.store(beta_out + tok * HV + i_h, b_beta, mask=valid)
+
+
+@triton.jit
+def _chunk_kkt_kernel(k, beta, gc, A, cu_seqlens, chunk_indices,
+                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                      L2NORM: tl.constexpr, IEEE: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    rows = i_t * BT + tl.arange(0, BT)
+    valid = rows < n_tok
+    b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
+    b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
+    b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
+    b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_tok, IEEE)
+    _store_tile(A + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_A)
+
+
+@triton.jit
+def _chunk_solve_kernel(A, Ai, cu_seqlens, chunk_indices, HV: tl.constexpr, BT: tl.constexpr, IEEE: tl.constexpr):
+    # Ai's blocks above the diagonal are never written: the buffer is zero-initialised once.
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    base_a = A + bos * HV * BT + i_h * BT
+    base_ai = Ai + bos * HV * BT + i_h * BT
+    r = tl.arange(0, 16)
+    r0, r1, r2, r3 = i_t * BT + r, i_t * BT + 16 + r, i_t * BT + 32 + r, i_t * BT + 48 + r
+    c0, c1, c2, c3 = r, 16 + r, 32 + r, 48 + r
+    X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _invert_blocks(
+        _load_tile(base_a, r0, n_tok, HV * BT, c0, BT),
+        _load_tile(base_a, r1, n_tok, HV * BT, c0, BT), _load_tile(base_a, r1, n_tok, HV * BT, c1, BT),
+        _load_tile(base_a, r2, n_tok, HV * BT, c0, BT), _load_tile(base_a, r2, n_tok, HV * BT, c1, BT),
+        _load_tile(base_a, r2, n_tok, HV * BT, c2, BT),
+        _load_tile(base_a, r3, n_tok, HV * BT, c0, BT), _load_tile(base_a, r3, n_tok, HV * BT, c1, BT),
+        _load_tile(base_a, r3, n_tok, HV * BT, c2, BT), _load_tile(base_a, r3, n_tok, HV * BT, c3, BT),
+        IEEE)
+    _store_tile(base_ai, r0, n_tok, HV * BT, c0, BT, X00)
+    _store_tile(base_ai, r1, n_tok, HV * BT, c0, BT, X10)
+    _store_tile(base_ai, r1, n_tok, HV * BT, c1, BT, X11)
+    _store_tile(base_ai, r2, n_tok, HV * BT, c0, BT, X20)
+    _store_tile(base_ai, r2, n_tok, HV * BT, c1, BT, X21)
+    _store_tile(base_ai, r2, n_tok, HV * BT, c2, BT, X22)
+    _store_tile(base_ai, r3, n_tok, HV * BT, c0, BT, X30)
+    _store_tile(base_ai, r3, n_tok, HV * BT, c1, BT, X31)
+    _store_tile(base_ai, r3, n_tok, HV * BT, c2, BT, X32)
+    _store_tile(base_ai, r3, n_tok, HV * BT, c3, BT, X33)
+
+
+@triton.jit
+def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, cu_seqlens, chunk_indices,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    rows = i_t * BT + tl.arange(0, BT)
+    valid = rows < n_tok
+    b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT)
+    b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
+    b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
+    b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
+    b_kb = _cast(b_k * (b_beta * tl.exp(b_gc))[:, None], b_ai.dtype)
+    _store_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, tl.arange(0, BK), K, _dot(b_ai, b_kb, IEEE))
+    for i_v in range(0, tl.cdiv(V, BV)):
+        cols = i_v * BV + tl.arange(0, BV)
+        b_v = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V)
+        b_vb = _cast(b_v * b_beta[:, None], b_ai.dtype)
+        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, b_vb, IEEE))
+
+
+# ---- (e) the state pass and (f) the output pass (both variants) ----------------------------------------
+
+def _tile_width(n: int) -> int:
+    """The tile width for a head dim: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def _state_prune(configs, named_args, **kwargs):
+    """BV no wider than V needs; at most 64 fp32 state elements per thread (more spills on sm_90)."""
+    args = {**named_args, **kwargs}
+    BK, V = args["BK"], args["V"]
+    keep, seen = [], set()
+    for c in configs:
+        bv = min(c.kwargs["BV"], _tile_width(V))
+        key = (bv, c.num_warps, c.num_stages)
+        if BK * bv / (32 * c.num_warps) > 64 or key in seen:
+            continue
+        seen.add(key)
+        keep.append(triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
+    return keep or [triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
+
+
+def _output_prune(configs, named_args, **kwargs):
+    V = {**named_args, **kwargs}["V"]
+    keep, seen = [], set()
+    for c in configs:
+        bv = min(c.kwargs["BV"], _tile_width(V))
+        if (bv, c.num_warps, c.num_stages) not in seen:
+            seen.add((bv, c.num_warps, c.num_stages))
+            keep.append(triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
+    return keep
+
+
+def _configs(candidates: list[tuple[int, int, int]]) -> list[triton.Config]:
+    """(BV, num_warps, num_stages) candidates on a GPU; one config (BV 32, 4 warps) in the interpreter,
+    where autotune skips benchmarking and BV 32 still splits V = 60 / 64 into two blocks."""
+    if _INTERPRET_ENV:
+        return [triton.Config({"BV": 32}, num_warps=4, num_stages=1)]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in candidates]
+
+
+# the parallelism tier (see state_tier) is a key: a long single sequence wants narrow V-blocks
+STATE_CONFIGS = _configs([(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)])
+OUTPUT_CONFIGS = _configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)])
+
+
+@triton.jit
+def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offsets, scale, state_tier,
+                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                    BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
+                    L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
+    # state_tier: only a key of the autotuner
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)  # N * HV can pass 65535 (grid axes 1, 2)
+    i_n, i_h = i_nh // HV, i_nh % HV
+    i_hk = i_h // (HV // H)
+    bos = tl.load(cu_seqlens + i_n)
+    n_tok = (tl.load(cu_seqlens + i_n + 1) - bos).to(tl.int32)
+    first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    dt = W.dtype.element_ty
+
+    if USE_H0:
+        b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
+    else:
+        b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    base_k = k + bos * H * K + i_hk * K
+    for i_t in range(0, tl.cdiv(n_tok, BT)):
+        rows = i_t * BT + tl.arange(0, BT)
+        b_hd = _cast(b_h, dt)
+        if not FUSE_OUTPUT:
+            _store_tile(h + ((first_chunk + i_t) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
+        b_w = _load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K)
+        b_u = _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
+        b_v = b_u - _dot(b_w, b_hd, IEEE)  # v_new: what this chunk actually writes
+        b_vd = _cast(b_v, dt)
+        b_k = _load_qk(base_k, rows, n_tok, H * K, K, BK, L2NORM)
+        b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
+        if FUSE_OUTPUT:
+            b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
+            b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, n_tok, scale, IEEE)
+            _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+        else:
+            _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
+        gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
+        # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
+        b_vdec = _cast(b_v * tl.exp(gc_last - b_gc)[:, None], dt)
+        b_h = b_h * tl.exp(gc_last) + _dot(tl.trans(b_k), b_vdec, IEEE)
+    if STORE_HT:
+        _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
+
+
+_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
+                                      prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
+
+
+@triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _output_prune})
+@triton.jit
+def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale,
+                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                         BK: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
+    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    i_hk = i_h // (HV // H)
+    rows = i_t * BT + tl.arange(0, BT)
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
+    b_k = _load_qk(k + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
+    b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
+    b_h = _load_tile(h + (i_c.to(tl.int64) * HV + i_h) * K * V, cols_k, K, V, cols_v, V)
+    b_v = _load_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V)
+    b_o = _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_tok, scale, IEEE)
+    _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+
+
+try:
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
+
+    INTERPRETED: bool = isinstance(_chunk_gate_kernel, _Interpreted)
+except ImportError:  # pragma: no cover - older layouts of triton
+    INTERPRETED = _INTERPRET_ENV
+
+
+# ---- host side ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Where every chunk of a padded or varlen batch sits; built on the host once, outside timed calls.
+
+    A padded [B, T] batch is described like a varlen one (bounds b * T), so kernels have one path.
+    """
+
+    N: int  # sequences
+    NT: int  # chunks over all sequences
+    max_len: int  # the longest sequence, in tokens
+    cu_seqlens: Tensor  # [N + 1] int64
+    chunk_indices: Tensor  # [NT, 2] int32: (sequence, chunk within it), sequence-major
+    chunk_offsets: Tensor  # [N + 1] int32: global index of each sequence's first chunk
+
+    @classmethod
+    def build(cls, B: int, T: int, cu_seqlens: Tensor | None, device: torch.device | str) -> ChunkLayout:
+        if cu_seqlens is None:
+            bounds = [b * T for b in range(B + 1)]
+        else:
+            if B != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+                raise ValueError("varlen needs B == 1 and cu_seqlens [N + 1]")
+            bounds = cu_seqlens.tolist()  # the one host sync: layouts are built before timing
+        lens = [e - s for s, e in zip(bounds, bounds[1:])]
+        if bounds[0] != 0 or bounds[-1] != B * T or min(lens) < 0:
+            raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {bounds}")
+        chunks = [triton.cdiv(n, CHUNK) for n in lens]
+        offsets = [0]
+        for c in chunks:
+            offsets.append(offsets[-1] + c)
+        indices = [(n, c) for n, count in enumerate(chunks) for c in range(count)]
+        return cls(
+            N=len(lens), NT=offsets[-1], max_len=max(lens),
+            cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device),
+            chunk_indices=torch.tensor(indices, dtype=torch.int32, device=device).reshape(-1, 2),
+            chunk_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+        )
+
+
+@dataclass
+class ChunkWorkspace:
+    """Every intermediate of one problem size, allocated once so that a timed call allocates nothing.
+
+    Token-indexed buffers are flat over the B * T tokens. Tests read the intermediates from here.
+    """
+
+    gc: Tensor  # [B*T, HV] fp32, chunk-local cumulative log decay
+    W: Tensor  # [B*T, HV, K] input dtype
+    U: Tensor  # [B*T, HV, V] input dtype
+    beta: Tensor | None  # [B*T, HV] fp32 sigmoid(b): raw gating in the multi-kernel pipeline
+    A: Tensor | None  # [B*T, HV, C] fp32, rows of strictLower(diag(beta)(Gamma o K K^T)) (multi-kernel)
+    Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel); zero-initialised
+    v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
+    h: Tensor | None  # [NT, HV, K, V] input dtype, the state entering each chunk (None likewise)
+    final_state: Tensor | None  # [N, HV, K, V] fp32
+
+    @classmethod
+    def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
+                 fuse_output: bool, final_state: bool) -> ChunkWorkspace:
+        """stages: the multi-kernel pipeline's A, Ai (and beta for raw gating) buffers too."""
+        B, T, _, K = q.shape
+        HV, V = v.shape[2], v.shape[3]
+        BT, dt, dev = B * T, q.dtype, q.device
+
+        def empty(*shape, dtype=dt):
+            return torch.empty(*shape, dtype=dtype, device=dev)
+
+        return cls(
+            gc=empty(BT, HV, dtype=torch.float32), W=empty(BT, HV, K), U=empty(BT, HV, V),
+            beta=empty(BT, HV, dtype=torch.float32) if stages and raw_gate else None,
+            A=empty(BT, HV, CHUNK, dtype=torch.float32) if stages else None,
+            # the solve writes only the blocks on and below the diagonal: zeros above, once
+            Ai=torch.zeros(BT, HV, CHUNK, dtype=dt, device=dev) if stages else None,
+            v_new=None if fuse_output else empty(BT, HV, V),
+            h=None if fuse_output else empty(layout.NT, HV, K, V),
+            final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
+        )
+
+
+def state_tier(N: int, HV: int) -> int:
+    """Autotuner key of the state pass: 0 below 64 (sequence, head) pairs (a long single sequence:
+    too few programs to fill the GPU, narrow V-blocks win), 1 below 512, 2 above."""
+    heads = N * HV
+    return 0 if heads < 64 else 1 if heads < 512 else 2
+
+
+@dataclass
+class _Args:
+    """A launch's validated arguments (tensors contiguous, flat over tokens where kernels index them)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    g: Tensor | None
+    beta: Tensor | None
+    a: Tensor | None
+    b: Tensor | None
+    A_log: Tensor | None
+    dt_bias: Tensor | None
+    h0: Tensor | None
+    out: Tensor
+    ws: ChunkWorkspace
+    lay: ChunkLayout
+    scale: float
+    H: int
+    HV: int
+    K: int
+    V: int
+    BK: int
+    l2norm: bool
+    ieee: bool
+
+    @property
+    def raw(self) -> bool:
+        return self.a is not None
+
+
+def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | None, a: Tensor | None,
+           b: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None, *, scale: float,
+           initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
+           layout: ChunkLayout | None, qk_l2norm: bool, out: Tensor | None, workspace: ChunkWorkspace | None,
+           stages: bool, fuse_output: bool) -> _Args:
+    """Validate a launch of either variant and fill in its layout, workspace and output."""
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if k.shape != q.shape or v.shape[:2] != (B, T) or HV % H:
+        raise ValueError(f"bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if max(K, V) > 256:
+        raise ValueError(f"head dims up to 256 (one key tile per chunk), got K={K}, V={V}")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one of bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if a is not None:
+        if b is None or A_log is None or dt_bias is None or g is not None or beta is not None:
+            raise ValueError("raw gating takes a, b, A_log and dt_bias (and no g, beta)")
+        if a.shape != (B, T, HV) or b.shape != (B, T, HV) or A_log.shape != (HV,) or dt_bias.shape != (HV,):
+            raise ValueError("a, b must be [B, T, HV] and A_log, dt_bias [HV]")
+    elif g is None or beta is None or g.shape != (B, T, HV) or beta.shape != (B, T, HV):
+        raise ValueError("g and beta [B, T, HV] are required (or a, b, A_log, dt_bias for raw gating)")
+    lay = ChunkLayout.build(B, T, cu_seqlens, q.device) if layout is None else layout
+    if layout is not None and (layout.cu_seqlens.numel() != lay.N + 1 or
+                               (cu_seqlens is None and lay.N != B) or (cu_seqlens is not None and B != 1)):
+        raise ValueError("layout does not describe this batch")
+    if lay.max_len * HV * max(K, V, CHUNK) >= 2**31:
+        # tiles index rows inside a sequence in int32 (64-bit pointer math per element costs registers)
+        raise ValueError(f"a sequence of {lay.max_len} tokens x {HV} heads x {max(K, V)} overflows int32 offsets")
+    if initial_state is not None and initial_state.shape != (lay.N, HV, K, V):
+        raise ValueError(f"initial_state must be [N, HV, K, V] = {(lay.N, HV, K, V)}")
+    ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
+                                              fuse_output=fuse_output, final_state=output_final_state)
+    missing = [name for name, need in (("A", stages), ("Ai", stages), ("beta", stages and a is not None),
+                                       ("h", not fuse_output), ("v_new", not fuse_output),
+                                       ("final_state", output_final_state)) if need and getattr(ws, name) is None]
+    if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype:
+        raise ValueError(f"workspace does not fit this call (missing {missing})" if missing
+                         else "workspace was allocated for another problem size or dtype")
+    if out is None:
+        out = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
+    elif out.shape != (B, T, HV, V) or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [B, T, HV, V] tensor of dtype {q.dtype}")
+
+    def flat(x: Tensor | None) -> Tensor | None:
+        return None if x is None else x.contiguous()
+
+    return _Args(q=q.contiguous(), k=k.contiguous(), v=v.contiguous(), g=flat(g), beta=flat(beta), a=flat(a),
+                 b=flat(b), A_log=flat(A_log), dt_bias=flat(dt_bias),
+                 h0=None if initial_state is None else initial_state.contiguous().float(),
+                 out=out, ws=ws, lay=lay, scale=scale, H=H, HV=HV, K=K, V=V,
+                 BK=_tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32)
+
+
+def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool) -> None:
+    """(e), and (f) unless the output is fused into (e). state_kernel: an autotuned _chunk_state_fn."""
+    lay, ws = x.lay, x.ws
+    shape = dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
+    state_kernel[lambda meta: (lay.N * x.HV, triton.cdiv(x.V, meta["BV"]))](
+        x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, x.h0, ws.final_state if output_final_state else None,
+        lay.cu_seqlens, lay.chunk_offsets, x.scale, state_tier(lay.N, x.HV),
+        USE_H0=x.h0 is not None, STORE_HT=output_final_state, FUSE_OUTPUT=fuse_output, **shape)
+    if not fuse_output and lay.NT:
+        _chunk_output_kernel[lambda meta: (lay.NT, x.HV, triton.cdiv(x.V, meta["BV"]))](
+            x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale, **shape)
+
+
+def chunk_gdn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    layout: ChunkLayout | None = None,
+    qk_l2norm: bool = False,
+    out: Tensor | None = None,
+    workspace: ChunkWorkspace | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked gated delta rule prefill, one kernel per stage (six launches).
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; HV a multiple of H; K, V <= 256. Gating: g (log decay, fp32) and
+    beta (post-sigmoid) [B, T, HV], or raw a, b [B, T, HV] with A_log, dt_bias [HV]. Varlen: B = 1 and
+    cu_seqlens [N + 1] int64. initial_state [N, HV, K, V] fp32 (K-first). ``layout`` (from
+    ``ChunkLayout.build``), ``workspace`` (``ChunkWorkspace.allocate(..., stages=True)``) and ``out``
+    prebuilt make the call free of host syncs and allocations (CUDA-graph capturable); without them
+    they are built here (cu_seqlens is then read on the host). Returns (o [B, T, HV, V] in q's dtype,
+    final_state [N, HV, K, V] fp32 or None).
+    """
+    x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
+               output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=layout, qk_l2norm=qk_l2norm,
+               out=out, workspace=workspace, stages=True, fuse_output=False)
+    lay, ws = x.lay, x.ws
+    if lay.NT:
+        grid = (lay.NT, x.HV)
+        beta_f = ws.beta if x.raw else x.beta
+        _chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.cu_seqlens,
+                                 lay.chunk_indices, HV=x.HV, BT=CHUNK, RAW_GATE=x.raw, num_warps=1)
+        _chunk_kkt_kernel[grid](x.k, beta_f, ws.gc, ws.A, lay.cu_seqlens, lay.chunk_indices, H=x.H, HV=x.HV, K=x.K,
+                                BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee, num_warps=4, num_stages=2)
+        _chunk_solve_kernel[grid](ws.A, ws.Ai, lay.cu_seqlens, lay.chunk_indices, HV=x.HV, BT=CHUNK, IEEE=x.ieee,
+                                  num_warps=4)
+        _chunk_wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.cu_seqlens, lay.chunk_indices,
+                               H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, _tile_width(x.V)),
+                               L2NORM=x.l2norm, IEEE=x.ieee, num_warps=4, num_stages=2)
+    _state_and_output(x, _chunk_state_kernel, fuse_output=False, output_final_state=output_final_state)
+    return x.out, ws.final_state if output_final_state else None
+
+
+def _config_str(kernel) -> str:
+    """The config an autotuned kernel ran last (the only one under the interpreter)."""
+    cfg = getattr(kernel, "best_config", None) or (kernel.configs[0] if len(kernel.configs) == 1 else None)
+    if cfg is None:
+        return "not tuned yet"
+    return f"BV={cfg.kwargs['BV']} w{cfg.num_warps} s{cfg.num_stages}"
+
+
+def describe(state_kernel=None, *, fuse_output: bool = False) -> str:
+    """The state (and output) pass configs of the latest launch, for a result row's path."""
+    state = f"state[{_config_str(state_kernel or _chunk_state_kernel)}]"
+    return state + ("+output fused" if fuse_output else f", output[{_config_str(_chunk_output_kernel)}]")
