@@ -1,0 +1,36 @@
+"""Ahead-of-time compilation of a Triton kernel for sm_90 on a machine without a GPU.
+
+The Triton interpreter runs Python, not Triton's code generator: compiling to a cubin is how the CPU
+tests know a kernel also builds for Hopper. ``compile_sm90`` skips the calling test where that cannot
+be done here (the kernel module was imported under TRITON_INTERPRET, or triton lacks the API).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted: bool, num_warps: int = 4,
+                 num_stages: int = 2):
+    """triton.compile(fn) for GPUTarget("cuda", 90, 32); fn: a jit function (an Autotuner's is unwrapped).
+
+    signature: every argument's type ("*bf16", "i32", "constexpr", ...); interpreted: the kernel
+    module's INTERPRETED flag.
+    """
+    import triton
+
+    if interpreted:
+        pytest.skip("this process imported the kernel under TRITON_INTERPRET")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"no triton ahead-of-time compile API here: {e}")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5):
+        pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
+    if isinstance(fn, triton.runtime.Autotuner):
+        fn = fn.fn
+    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    assert "cubin" in compiled.asm and ".reg" in compiled.asm["ptx"]
+    return compiled

@@ -1,0 +1,364 @@
+"""The bundled chunked-prefill Triton kernels (gdnbench_kernels.chunk, .chunk_fused) and their backends, on a CPU.
+
+Triton picks its interpreter when a kernel is decorated, so the kernels run in one subprocess started
+with TRITON_INTERPRET=1 (this module run as a script, ``_worker``): it loads the inputs this process
+wrote, runs each launcher on NaN-poisoned outputs and workspaces, saves what the kernels left, then
+runs ``gdnbench run`` (CliRunner) on a tiny suite. The subprocess starts with the first test and works
+while this process compiles every kernel for sm_90 ahead of time (no GPU needed); the references
+(gdn_recurrent for o and the final state, chunk_intermediates for every stage) run here, in fp64.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import importlib
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from gdnbench.backends import registry
+from gdnbench.reference import chunk_intermediates, gate_from_raw, gdn_recurrent, l2norm
+from gdnbench.suite import Case
+from tests.sm90 import compile_sm90
+
+ROOT = Path(__file__).resolve().parent.parent
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+ONCE = {"min_samples": 1, "max_samples": 1, "min_time_s": 0.0, "max_time_s": 0.01, "warmup": 1}
+SUITE_CASES = [
+    {"B": 1, "T": 70, "H": 1, "HV": 2, "D": 16, "qk_l2norm": "kernel", "initial_state": "random", "dtype": "fp32"},
+    # bf16 runs too: the kernels compute bf16 dots from fp32 copies under the interpreter
+    {"mode": "varlen", "seq_lens": [5, 66], "H": 1, "HV": 2, "D": 16, "gating": "raw", "dtype": "bf16"},
+    {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
+]
+BACKENDS = ["triton.chunk", "triton.chunk_fused"]
+
+
+# ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
+
+def make(name: str, *, B=1, T=70, H=1, HV=2, K=64, V=64, dtype="fp32", seqs=None, h0=False, final=True,
+         raw=False, l2=False, gate_norm=1.0, mask_p=0.0, fuse_output=False, seed=0) -> dict:
+    """One case's inputs (FLA's recipe: q/k ~ U(0, 1), pre-normalised unless ``l2``; g log-sigmoid /
+    gate_norm, zeroed with probability mask_p). Runs chunk_gdn, and chunk_fused_gdn with ``fuse_output``."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = DT[dtype]
+    if seqs is not None:
+        B, T = 1, sum(seqs)
+    q, k = torch.rand(B, T, H, K, generator=gen), torch.rand(B, T, H, K, generator=gen)
+    if not l2:
+        q, k = l2norm(q), l2norm(k)
+    kw = dict(q=q.to(dt), k=k.to(dt), v=torch.rand(B, T, HV, V, generator=gen).to(dt), scale=K**-0.5,
+              qk_l2norm=l2, output_final_state=final)
+    if raw:
+        a = torch.randn(B, T, HV, generator=gen) * 4
+        a.view(-1)[:3] = torch.tensor([25.0, -30.0, 19.5])  # softplus's linear branch and its tiny tail
+        kw.update(a=a.to(dt), b=torch.randn(B, T, HV, generator=gen).to(dt),
+                  A_log=torch.log(torch.empty(HV).uniform_(1, 16, generator=gen)), dt_bias=torch.rand(HV, generator=gen))
+    else:
+        g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / gate_norm
+        g = g.masked_fill(torch.rand(B, T, HV, generator=gen) < mask_p, 0.0)
+        kw.update(g=g, beta=torch.sigmoid(torch.rand(B, T, HV, generator=gen)).to(dt))
+    N = len(seqs) if seqs is not None else B
+    if seqs is not None:
+        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int64)
+    if h0:
+        kw["initial_state"] = torch.randn(N, HV, K, V, generator=gen)
+    return {"name": name, "kw": kw, "fuse_output": fuse_output}
+
+
+KERNEL_CASES = [
+    make("padded-T100-gva2-K64-h0", B=2, T=100, h0=True),
+    make("varlen-gva2-K60-l2-fp16-h0", seqs=[37, 64, 0, 49], K=60, V=60, dtype="fp16", h0=True, l2=True,
+         fuse_output=True),
+    make("gn0.1-mask0.5-K16-V64", T=130, HV=1, K=16, V=64, gate_norm=0.1, mask_p=0.5),
+    make("gn10-gva1-K64-V60-fp16-nofinal", T=128, H=2, HV=2, V=60, dtype="fp16", gate_norm=10, final=False,
+         fuse_output=True),
+    make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
+]
+BY_NAME = {c["name"]: c for c in KERNEL_CASES}
+STAGES = ("gc", "Ai", "W", "U", "v_new", "h")  # what a workspace may hold, compared with the reference
+
+
+# ---- the subprocess -----------------------------------------------------------------------------------
+
+def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
+    """Runs under TRITON_INTERPRET=1: each case through both launchers, then `gdnbench run` on the suite."""
+    from typer.testing import CliRunner
+
+    from gdnbench.cli import app
+    from gdnbench_kernels import chunk, chunk_fused
+
+    def no_host_sync(*_a, **_k):
+        raise AssertionError("host sync in the launcher")
+
+    results: dict = {"INTERPRETED": chunk.INTERPRETED, "configs": len(chunk.STATE_CONFIGS) + len(chunk.OUTPUT_CONFIGS)}
+    for case in torch.load(inputs):
+        kw = dict(case["kw"])
+        q, v = kw["q"], kw["v"]
+        layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
+        for variant, stages in (("chunk", True), ("fused", False)):
+            try:
+                ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw,
+                                                   fuse_output=variant == "fused" and case["fuse_output"],
+                                                   final_state=kw["output_final_state"])
+                for name in ("gc", "W", "U", "beta", "A", "v_new", "h", "final_state"):  # Ai: zeros above its diagonal blocks
+                    if getattr(ws, name) is not None:
+                        getattr(ws, name).fill_(float("nan"))
+                out = torch.full_like(v, float("nan"))
+                saved = torch.Tensor.item, torch.Tensor.tolist
+                # no .item() / .tolist() in a call with a prebuilt layout (graph capture)
+                torch.Tensor.item = torch.Tensor.tolist = no_host_sync
+                try:
+                    if variant == "chunk":
+                        o, final = chunk.chunk_gdn(**kw, layout=layout, out=out, workspace=ws)
+                    else:
+                        o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws,
+                                                               fuse_output=case["fuse_output"])
+                finally:
+                    torch.Tensor.item, torch.Tensor.tolist = saved
+                res = {"o": o, "final": final, "out_is_o": o is out, "chunk_offsets": layout.chunk_offsets}
+                res.update({name: getattr(ws, name) for name in STAGES})
+            except Exception as e:  # reported by the test of that case
+                res = {"error": f"{type(e).__name__}: {e}"}
+            results[(case["name"], variant)] = res
+    t0 = time.perf_counter()
+    cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
+    results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:], "s": time.perf_counter() - t0}
+    torch.save(results, outputs)
+
+
+if __name__ == "__main__":
+    _worker(*sys.argv[1:5])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def worker(tmp_path_factory):
+    """Starts the interpreter subprocess before the first test; the compile tests run meanwhile."""
+    tmp = tmp_path_factory.mktemp("triton_chunk")
+    torch.save(KERNEL_CASES, tmp / "in.pt")
+    suite = tmp / "s.yaml"
+    suite.write_text(yaml.safe_dump({"name": "triton-chunk", "backends": [*BACKENDS, "torch.chunk"],
+                                     "baseline": "torch.chunk", "timing": ONCE, "cases": SUITE_CASES,
+                                     "reference": {"precision": "fp64"}}))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.Popen([sys.executable, "-m", "tests.test_kernel_chunk", str(tmp / "in.pt"), str(tmp / "out.pt"),
+                             str(suite), str(tmp / "run")], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    yield {"proc": proc, "tmp": tmp, "t0": time.perf_counter()}
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def interpreted(worker):
+    out, _ = worker["proc"].communicate(timeout=300)
+    assert worker["proc"].returncode == 0, out[-6000:]
+    res = torch.load(worker["tmp"] / "out.pt", weights_only=False)
+    res["wall_s"] = time.perf_counter() - worker["t0"]
+    res["run_dir"] = worker["tmp"] / "run"
+    return res
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ---- the compiled path, without a GPU (runs while the subprocess works) --------------------------------
+
+def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
+    """(module, kernel, constexprs, num_warps) of every kernel, bf16, K = V = D, as the launchers use them."""
+    shape = dict(H=2, HV=4, K=D, V=D, BT=64, BK=D)
+    return [
+        ("chunk", "_chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
+        ("chunk", "_chunk_kkt_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
+        ("chunk", "_chunk_solve_kernel", dict(HV=4, BT=64, IEEE=False), 4),
+        ("chunk", "_chunk_wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 4),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, L2NORM=False,
+                                          IEEE=False, BV=32, q=None), 4),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, L2NORM=True,
+                                          IEEE=False, BV=16, h=None, v_new=None, h0=None), 4),
+        ("chunk", "_chunk_output_kernel", dict(shape, L2NORM=True, IEEE=False, BV=64), 4),
+        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
+                                                   b=None, A_log=None, dt_bias=None), 4),
+    ]
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("D", [128, 64])
+@pytest.mark.parametrize("index", range(8))
+def test_kernel_compiles_for_sm90(D, index):
+    """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
+    from gdnbench_kernels import chunk
+
+    module, name, const, warps = _compile_specs(D)[index]
+    fn = getattr(importlib.import_module(f"gdnbench_kernels.{module}"), name)
+    ptr = dict(q="bf16", k="bf16", v="bf16", beta="bf16", a="bf16", b="bf16", Ai="bf16", W="bf16", U="bf16", h="bf16",
+               v_new="bf16", o="bf16", cu_seqlens="i64", chunk_indices="i32", chunk_offsets="i32")
+    scalars = {"scale": "fp32", "state_tier": "i32"}
+    sig = {arg: "constexpr" if arg in const else scalars.get(arg) or f"*{ptr.get(arg, 'fp32')}" for arg in fn.arg_names}
+    compile_sm90(fn, sig, const, interpreted=chunk.INTERPRETED, num_warps=warps)
+
+
+# ---- the kernels against the references ---------------------------------------------------------------
+
+O_TOL = {torch.float32: 1e-5, torch.float16: 2e-3}  # vs the fp64 recurrence: rounding to the dtype
+STAGE_TOL = {torch.float32: 1e-5, torch.float16: 2e-3}  # intermediates are stored in the input dtype
+
+
+def references(kw: dict):
+    """(o, final_state) from gdn_recurrent and every stage from chunk_intermediates, fp64."""
+    if "a" in kw:
+        g, beta = gate_from_raw(kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
+    else:
+        g, beta = kw["g"], kw["beta"]
+    common = dict(scale=kw["scale"], qk_l2norm=kw["qk_l2norm"], compute_dtype=torch.float64,
+                  initial_state=kw.get("initial_state"), cu_seqlens=kw.get("cu_seqlens"))
+    o, final = gdn_recurrent(kw["q"], kw["k"], kw["v"], g, beta, **common)
+    return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
+
+
+@pytest.mark.parametrize("variant", ["chunk", "fused"])
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_kernel_matches_the_references(interpreted, name, variant):
+    case = BY_NAME[name]
+    kw = case["kw"]
+    got = interpreted[(name, variant)]
+    assert "error" not in got, got.get("error")
+    o_ref, final_ref, ref = references(kw)
+    dt = kw["q"].dtype
+    o = got["o"]
+    assert got["out_is_o"] and o.dtype == dt and torch.isfinite(o).all(), "outputs left unwritten"
+    assert rel(o, o_ref) < O_TOL[dt], rel(o, o_ref)
+    if kw["output_final_state"]:
+        assert got["final"].dtype == torch.float32 and rel(got["final"], final_ref) < STAGE_TOL[dt]
+    else:
+        assert got["final"] is None
+
+    B, T, HV = kw["v"].shape[:3]
+    flat = {"gc": ref.gc, "Ai": ref.A_inv, "W": ref.W, "U": ref.U, "v_new": ref.v_new}
+    expect = {"gc", "W", "U"} | ({"Ai"} if variant == "chunk" else set())
+    if not (variant == "fused" and case["fuse_output"]):
+        expect |= {"v_new", "h"}
+    assert {s for s in STAGES if got[s] is not None} == expect
+    for stage in expect - {"h"}:
+        mine = got[stage].reshape(B, T, *got[stage].shape[1:])
+        assert torch.isfinite(mine).all(), f"{stage} left unwritten"
+        assert rel(mine, flat[stage]) < (1e-6 if stage == "gc" else STAGE_TOL[dt]), (stage, rel(mine, flat[stage]))
+    if "h" in expect:
+        # sequence n's chunk c sits at chunk_offsets[n] + c
+        offsets = got["chunk_offsets"].tolist()
+        h = got["h"]
+        assert torch.isfinite(h).all() and h.shape[0] == offsets[-1]
+        ref_h = torch.cat([ref.h[n, :, : offsets[n + 1] - offsets[n]].transpose(0, 1) for n in range(len(offsets) - 1)])
+        assert rel(h, ref_h) < STAGE_TOL[dt], rel(h, ref_h)
+
+
+def test_cases_cover_the_issue():
+    """Tails shorter than a chunk, several sequences (one empty), GVA 2, head dims 60/64/16, strong and
+    weak decay with masking, raw gating reaching softplus's tails, in-kernel L2 norm, both output paths."""
+    kws = [c["kw"] for c in KERNEL_CASES]
+    assert any(kw["q"].shape[1] % 64 for kw in kws) and any(len(kw.get("cu_seqlens", [])) > 3 for kw in kws)
+    assert {kw["v"].shape[2] // kw["q"].shape[2] for kw in kws} >= {1, 2}
+    assert {kw["q"].shape[3] for kw in kws} >= {16, 60, 64}
+    assert (kws[2]["g"] == 0).float().mean() > 0.3 and kws[2]["g"].min() < -5 and kws[3]["g"].min() > -0.2
+    a = BY_NAME["raw-l2-K16-gva2"]["kw"]["a"].float()
+    assert (a + 1 > 20).any() and (a < -20).any()
+    assert {c["fuse_output"] for c in KERNEL_CASES} == {True, False}
+
+
+def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
+    assert interpreted["INTERPRETED"] is True and interpreted["configs"] == 2
+    cli = interpreted["cli"]
+    assert cli["exit_code"] == 0, cli["output"]
+    df = pd.read_csv(interpreted["run_dir"] / "results.csv")
+    for name in BACKENDS:
+        rows = df[df.backend == name]
+        ran = rows[rows.status != "SKIP"]
+        assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == "PASS").all(), ran[["case_id", "status", "error"]]
+        assert ran.path.str.contains("triton interpreter").all() and ran.path.str.contains("BV=32 w4").all()
+        assert ran.path.str.contains("raw gating fused").sum() == 1
+        assert set(rows[rows.status == "SKIP"].error) == {f"{name}: head dims up to 256, case has K=512, V=512"}
+    assert df[df.backend == "triton.chunk_fused"].path.str.contains("output fused").sum() == 2  # short sequences
+
+
+def test_interpreted_run_time(interpreted):
+    """The whole subprocess (kernel cases and the CLI run) stays small on a CPU."""
+    assert interpreted["wall_s"] < 90, interpreted["wall_s"]
+
+
+# ---- host side, without running a kernel --------------------------------------------------------------
+
+def test_layout_lists_chunks_per_sequence():
+    from gdnbench_kernels.chunk import ChunkLayout
+
+    lay = ChunkLayout.build(1, 200, torch.tensor([0, 64, 64, 65, 200]), CPU)
+    assert (lay.N, lay.NT, lay.max_len) == (4, 5, 135)
+    assert lay.chunk_indices.tolist() == [[0, 0], [2, 0], [3, 0], [3, 1], [3, 2]]
+    assert lay.chunk_offsets.tolist() == [0, 1, 1, 2, 5]
+    padded = ChunkLayout.build(3, 65, None, CPU)
+    assert padded.cu_seqlens.tolist() == [0, 65, 130, 195] and padded.NT == 6
+    with pytest.raises(ValueError, match="end at T=200"):
+        ChunkLayout.build(1, 200, torch.tensor([0, 70, 190]), CPU)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"g": None}, "g and beta"),
+    ({"k": torch.zeros(2, 70, 1, 32)}, "bad shapes"),
+    ({"initial_state": torch.zeros(3, 2, 64, 64)}, "initial_state must be"),
+    ({"out": torch.empty(2, 100, 2, 64, dtype=torch.float16)}, "out must be"),
+    ({"q": torch.zeros(2, 100, 1, 320), "k": torch.zeros(2, 100, 1, 320)}, "head dims up to 256"),
+])
+def test_launcher_rejects_bad_arguments(bad, needle):
+    from gdnbench_kernels import chunk
+
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        chunk.chunk_gdn(**{**BY_NAME["padded-T100-gva2-K64-h0"]["kw"], **bad})
+
+
+def test_a_workspace_must_fit_the_variant():
+    from gdnbench_kernels import chunk
+
+    kw = BY_NAME["padded-T100-gva2-K64-h0"]["kw"]
+    lay = chunk.ChunkLayout.build(2, 100, None, CPU)
+    fused_ws = chunk.ChunkWorkspace.allocate(lay, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
+                                             final_state=True)
+    assert fused_ws.A is None and fused_ws.h is None and fused_ws.final_state.shape == (2, 2, 64, 64)
+    with pytest.raises(ValueError, match=r"missing \['A', 'Ai', 'h', 'v_new'\]"):
+        chunk.chunk_gdn(**kw, layout=lay, workspace=fused_ws)
+
+
+def case(**fields) -> Case:
+    return Case(**{"B": 2, "T": 4, "H": 1, "D": 16, **fields})
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_envelope(name, monkeypatch):
+    b = registry()[name]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delitem(sys.modules, "gdnbench_kernels.chunk", raising=False)
+    for c in (case(), case(gating="raw", HV=4, qk_l2norm="kernel"), case(K=60, V=100, D=None), case(D=256),
+              case(mode="varlen", B=None, T=None, seq_lens=[3, 5]), case(dtype="fp16"), case(dtype="fp32")):
+        assert b.unsupported(c, CPU) is None
+    assert b.unsupported(case(op="decode", T=None, pool_size=4), CPU) == f"{name}: no decode op (serves prefill)"
+    assert b.unsupported(case(D=512), CUDA) == f"{name}: head dims up to 256, case has K=512, V=512"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert "needs TRITON_INTERPRET=1" in b.unsupported(case(), CPU)
+
+
+def test_kernels_compiled_before_the_variable_was_set_are_caught(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, "gdnbench_kernels.chunk", type(sys)("fake"))
+    sys.modules["gdnbench_kernels.chunk"].INTERPRETED = False
+    for name in BACKENDS:
+        reason = registry()[name].unsupported(case(), CPU)
+        assert reason is not None and "imported before TRITON_INTERPRET=1" in reason
