@@ -45,6 +45,9 @@ Hopper (sm_90) design choices and what they should buy:
     BV (32 or 64) is autotuned with a parallelism tier in the key; 4 warps, 2-3 stages to prefetch the
     next chunk's W/U/k while the current dots run.
   * the output pass (f) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
+Register pressure (ptxas for sm_90, bf16, K = V = 128): (d) spills at 4 warps and not at 8, so it
+runs with 8; the state pass at BV 32, 4 warps uses 244 registers without spilling; with the output
+fused in it spills a little at 4 and 8 warps (the autotuner weighs that against the saved launch).
 Autotuning is limited to (e) and (f), keyed on (K, V, ...) plus triton's dtype key, at most four
 candidates each; the other kernels have one fixed launch config. Under the Triton interpreter there
 is one config per kernel and no tuning; bf16 dots are computed from fp32 copies there (the
@@ -632,7 +635,7 @@ def chunk_gdn(
                                   num_warps=4)
         _chunk_wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.cu_seqlens, lay.chunk_indices,
                                H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, _tile_width(x.V)),
-                               L2NORM=x.l2norm, IEEE=x.ieee, num_warps=4, num_stages=2)
+                               L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
     _state_and_output(x, _chunk_state_kernel, fuse_output=False, output_final_state=output_final_state)
     return x.out, ws.final_state if output_final_state else None
 

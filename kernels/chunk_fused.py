@@ -22,6 +22,7 @@ head, as much as all inputs together at C = 64, K = V = 128 in bf16) on short se
 on the state pass of B=1 T=65536. The chunk-parallel state pass (per-chunk transitions combined by a
 scan) would attack that case further and is not implemented.
 
+The prep kernel runs with 8 warps (at 4 it spills ~300 bytes per thread at K = 128 on sm_90).
 The K K^T of the fused kernel is ten 16-row dots rather than one 64 x 64 (m16n8k16 MMAs instead of
 a wgmma): the same FLOPs in pieces that the block inverse can use straight from registers.
 Shared code (device functions, the state and output kernels, validation, the layout and workspace)
@@ -45,7 +46,8 @@ __all__ = ["chunk_fused_gdn", "FUSE_OUTPUT_MAX_LEN", "describe"]
 # tuned on a GPU; past it the parallel output pass's extra launch is cheap next to the sequential walk.
 FUSE_OUTPUT_MAX_LEN = 1024
 
-STATE_CONFIGS = _configs([(16, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 3)])
+# 8 warps: the state pass with the output fused in holds q, k, Q K^T and the state at once
+STATE_CONFIGS = _configs([(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 3)])
 _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
@@ -174,7 +176,7 @@ def chunk_fused_gdn(
         _chunk_prep_kernel[(lay.NT, x.HV)](
             x.k, x.v, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.W, ws.U, lay.cu_seqlens, lay.chunk_indices,
             H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, _tile_width(x.V)), RAW_GATE=x.raw,
-            L2NORM=x.l2norm, IEEE=x.ieee, num_warps=4, num_stages=2)
+            L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
     _state_and_output(x, _state_kernel, fuse_output=fuse, output_final_state=output_final_state)
     return x.out, ws.final_state if output_final_state else None
 

@@ -182,14 +182,14 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
         ("chunk", "_chunk_kkt_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
         ("chunk", "_chunk_solve_kernel", dict(HV=4, BT=64, IEEE=False), 4),
-        ("chunk", "_chunk_wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 4),
+        ("chunk", "_chunk_wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, L2NORM=False,
                                           IEEE=False, BV=32, q=None), 4),
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, L2NORM=True,
                                           IEEE=False, BV=16, h=None, v_new=None, h0=None), 4),
         ("chunk", "_chunk_output_kernel", dict(shape, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
-                                                   b=None, A_log=None, dt_bias=None), 4),
+                                                   b=None, A_log=None, dt_bias=None), 8),
     ]
 
 
