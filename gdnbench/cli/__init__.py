@@ -8,6 +8,7 @@ from gdnbench.cli import compare as compare_cmd
 from gdnbench.cli import html as html_cmd
 from gdnbench.cli import list as list_cmd
 from gdnbench.cli import plot as plot_cmd
+from gdnbench.cli import profile as profile_cmd
 from gdnbench.cli import run as run_cmd
 from gdnbench.cli import show as show_cmd
 
@@ -25,6 +26,7 @@ app.command("list")(list_cmd.list_)
 app.command("compare")(compare_cmd.compare)
 app.command("plot")(plot_cmd.plot)
 app.command("report")(html_cmd.report)
+app.command("profile")(profile_cmd.profile)
 
 
 def main() -> None:

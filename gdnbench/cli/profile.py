@@ -1,0 +1,66 @@
+"""gdnbench profile: the GPU kernels behind each backend's time, case by case (torch.profiler)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import typer
+from rich.table import Table
+
+from gdnbench.backends import UnknownBackend, get_backend
+from gdnbench.cli.common import console, die
+from gdnbench.problem import make_problem
+from gdnbench.profile import profile_backend
+from gdnbench.runner import select_cases
+from gdnbench.suite import SuiteError, load_suite
+
+
+def profile(
+    suite_spec: str = typer.Argument(..., metavar="SUITE", help="A suite YAML file or a shipped suite's name."),
+    backends: Optional[str] = typer.Option(None, "--backends", "-b", help="Comma-separated backends "
+                                           "(default: the suite's)."),
+    filter_: Optional[str] = typer.Option(None, "--filter", "-k", help="Only cases whose id contains TEXT."),
+    calls: int = typer.Option(10, min=1, help="Profiled calls per (case, backend), after 3 warm-up calls."),
+    top: int = typer.Option(12, min=1, help="Kernels shown per (case, backend), slowest first."),
+) -> None:
+    """Split each backend's call into its GPU kernels: launches per call, mean and total microseconds.
+
+    Needs a CUDA device. Kernel time is device busy time (launch gaps excluded), so its total can be
+    below the graph timer's median. Outputs are not checked here: `gdnbench run` does that.
+    """
+    if not torch.cuda.is_available():
+        die("gdnbench profile needs a CUDA device (it reads GPU kernel times)")
+    try:
+        suite = load_suite(suite_spec)
+    except SuiteError as e:
+        die(str(e))
+    names = [b.strip() for b in backends.split(",") if b.strip()] if backends else list(suite.backends)
+    try:
+        chosen = [get_backend(n) for n in names]
+    except UnknownBackend as e:
+        die(f"{suite.path}: backends: {e}")
+    cases = select_cases(suite, filter_)
+    if not cases:
+        die(f"--filter {filter_!r} matches none of the {len(suite.cases)} cases of {suite.path}")
+    dev = torch.device("cuda")
+    for case in cases:
+        problem = make_problem(case, suite.seed, dev)
+        for b in chosen:
+            why = b.unavailable() or b.unsupported(case, dev)
+            if why:
+                console.print(f"[dim]{case.id} / {b.name}: skipped ({why})[/dim]")
+                continue
+            try:
+                stats = profile_backend(b, problem, calls=calls)
+            except Exception as e:  # one backend's failure must not end the others' profiles
+                console.print(f"[red]{case.id} / {b.name}: {type(e).__name__}: {e}[/red]")
+                continue
+            total = sum(s.total_us for s in stats)
+            table = Table(title=f"{case.id} / {b.name}: {total:.1f} us of kernels per call", title_justify="left")
+            for col in ("kernel", "per call", "mean us", "us per call", "share"):
+                table.add_column(col, justify="left" if col == "kernel" else "right")
+            for s in stats[:top]:
+                table.add_row(s.name[:70], f"{s.per_call:g}", f"{s.mean_us:.1f}", f"{s.total_us:.1f}",
+                              f"{s.total_us / total:.0%}" if total else "-")
+            console.print(table)
