@@ -48,8 +48,8 @@ SUITE_CASES = [
 # ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
 
 def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None, h0=False, final=True,
-         raw=False, l2=False, pool=None, slots=None, accepted=None, pool_dtype="fp32", default_out=False,
-         seed=0) -> dict:
+         raw=False, l2=False, pool=None, slots=None, accepted=None, pool_dtype="fp32", v_first=False,
+         default_out=False, seed=0) -> dict:
     """One kernel call's inputs: q/k ~ U(0, 1) (pre-normalised unless ``l2``), log-sigmoid decays."""
     gen = torch.Generator().manual_seed(seed)
     dt = DT[dtype]
@@ -71,6 +71,9 @@ def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None,
     N = len(seqs) if seqs is not None else B
     if seqs is not None:
         kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int64)
+    if v_first:  # every state [.., V, K]
+        kw["v_first"] = True
+        K, V = V, K
     if pool is not None:
         kw["state_pool"] = torch.randn(pool, HV, K, V, generator=gen).to(DT[pool_dtype])
         kw["slot_idx"] = torch.tensor(slots, dtype=torch.int32)
@@ -99,6 +102,10 @@ KERNEL_CASES = [
     make("decode-raw-bf16-pool-fp16", B=3, T=1, H=1, HV=2, raw=True, dtype="fp16", l2=True, pool=6,
          slots=[1, -1, 4], pool_dtype="bf16"),
     make("decode-varlen-pool", H=1, HV=2, seqs=[2, 1, 3], pool=9, slots=[8, -1, 3]),
+    make("prefill-vfirst-K60-V64-varlen", H=1, HV=2, K=60, V=64, seqs=[3, 4], h0=True, l2=True, v_first=True),
+    make("decode-vfirst-bf16-pool-K64-V60-raw", B=3, T=1, H=1, HV=2, K=64, V=60, raw=True, dtype="fp16", pool=6,
+         slots=[5, -1, 1], pool_dtype="bf16", v_first=True),
+    make("spec-vfirst-T2", B=2, T=2, H=1, HV=2, pool=5, slots=[[0, 4], [3, 1]], accepted=[2, 1], v_first=True),
     make("spec-T3-fp32-pool-gva2", B=3, T=3, H=1, HV=2, pool=12, slots=[[4, 0, 6], [1, 9, 2], [11, 3, 5]],
          accepted=[1, 3, 2]),
     # a skipped write (-1 at t=1), a padding sequence (its start slot is -1) and a bf16 pool
@@ -175,7 +182,12 @@ def interpreted(tmp_path_factory):
 # ---- references ---------------------------------------------------------------------------------------
 
 def reference(kw: dict) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """(o, final_state, pool after) from gdnbench.reference in fp64; gating from raw inputs in fp32."""
+    """(o, final_state, pool after) from gdnbench.reference in fp64; gating from raw inputs in fp32.
+    V-first states are swapped to the reference's K-first layout and back."""
+    if kw.get("v_first"):
+        swap = {n: kw[n].transpose(-1, -2) for n in ("state_pool", "initial_state") if n in kw}
+        o, final, pool = reference({**kw, **swap, "v_first": False})
+        return o, *(None if x is None else x.transpose(-1, -2) for x in (final, pool))
     if "a" in kw:
         g, beta = gate_from_raw(kw["a"], kw["b"], kw["A_log"], kw["dt_bias"])
     else:
@@ -374,9 +386,9 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     assert len(calls) == 3  # the key is tuned: straight to the live pool
     kern.recurrent_gdn(**{**kw, "state_pool": pool.to(torch.bfloat16)})
     assert len(calls) == 5  # another pool dtype is another autotuner key
-    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, HV=2)) == {"BV": 16, "num_warps": 2,
+    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, HV=2, T=2)) == {"BV": 16, "num_warps": 2,
                                                                             "num_stages": 2}
-    assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, HV=2)) is None
+    assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, HV=2, T=2)) is None
     prefill = BY_NAME["prefill-varlen"]["kw"]
     kern.recurrent_gdn(**prefill)
     assert len(calls) == 6  # nothing in place: the autotuner may run on the real buffers
@@ -408,7 +420,8 @@ def test_launcher_rejects_bad_arguments(bad, needle):
     (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16"}),
     (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
     (256, 256, 32, 8, {"ht": True}),
-    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16"}),
+    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True}),
+    (128, 128, 32, 4, {"pool": "fp32", "v_first": True}),
 ])
 def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
@@ -430,7 +443,7 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
            "o": dt, "h0": "fp32", "ht": "fp32", "pool": pool or "fp32", "slot_idx": "i32", "accepted": "i32", "cu_seqlens": "i64"}
     const = dict(H=2, HV=4, K=K, V=V, BK=triton.next_power_of_2(K), IS_VARLEN=bool(mode.get("varlen")),
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
-                 PER_TOKEN=bool(mode.get("per_token")), RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
+                 PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")), RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + ([] if const["USE_H0"] else ["h0"]) + \
         ([] if const["STORE_HT"] else ["ht"]) + ([] if const["IS_VARLEN"] else ["cu_seqlens"])

@@ -13,11 +13,14 @@ from typing import Any
 import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.backends.convert import StatePool
+from gdnbench.backends.convert import StatePool, swap_kv
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 
 KERNEL = "gdnbench_kernels.recurrent"
+# The kernel's state layout: V-first ([.., V, K], as serving engines keep their pools) puts each token's
+# reductions over K inside a warp. Canonical K-first states are converted outside the timed call.
+V_FIRST = True
 
 
 def _check(case: Case, device: torch.device) -> str | None:
@@ -40,7 +43,7 @@ def triton_recurrent(p: Problem) -> Prepared:
         kw: dict[str, Any] = dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias)
     else:
         kw = dict(g=p.g, beta=p.beta)
-    kw.update(scale=p.scale, cu_seqlens=p.cu_seqlens, qk_l2norm=p.qk_l2norm_in_kernel)
+    kw.update(scale=p.scale, cu_seqlens=p.cu_seqlens, qk_l2norm=p.qk_l2norm_in_kernel, v_first=V_FIRST)
     o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call
     out: dict[str, Any] = {}
     notes = ["gdnbench triton fused recurrent"]
@@ -50,10 +53,13 @@ def triton_recurrent(p: Problem) -> Prepared:
         notes.append("q/k l2norm in kernel")
 
     N = p.cu_seqlens.shape[0] - 1 if p.cu_seqlens is not None else p.q.shape[0]
-    key = kern.tune_key(case.K, case.V, pool=case.op == "decode", N=N, HV=case.HV, per_token=case.per_token_slots)
+    T = p.q.shape[1] if p.cu_seqlens is None else p.q.shape[1] // N  # (tuning tier only: tokens per sequence)
+    key = kern.tune_key(case.K, case.V, pool=case.op == "decode", N=N, HV=case.HV, T=T,
+                        per_token=case.per_token_slots, v_first=V_FIRST)
+    layout = "V-first" if V_FIRST else "K-first"
 
     if case.op == "decode":
-        pool = StatePool(p.state_pool)  # K-first, the pool's own dtype: the kernel's native layout
+        pool = StatePool(p.state_pool, v_first=V_FIRST)  # the pool's own dtype, the kernel's layout
 
         def call() -> None:
             kern.recurrent_gdn(p.q, p.k, p.v, **kw, state_pool=pool.pool, slot_idx=p.slot_idx,
@@ -61,15 +67,23 @@ def triton_recurrent(p: Problem) -> Prepared:
 
         outputs = lambda: Outputs(o=o, state_pool=pool.canonical())  # noqa: E731
         reset = pool.reset
-        notes.append(f"pool {case.state_dtype} in place at slot_idx"
+        notes.append(f"{layout} pool {case.state_dtype} in place at slot_idx"
                      + (", a slot per token from num_accepted_tokens" if case.per_token_slots else ""))
     else:
+        h0 = p.initial_state
+        if h0 is not None and V_FIRST:
+            h0 = swap_kv(h0)
+
         def call() -> None:
-            _, out["state"] = kern.recurrent_gdn(p.q, p.k, p.v, **kw, initial_state=p.initial_state,
+            _, out["state"] = kern.recurrent_gdn(p.q, p.k, p.v, **kw, initial_state=h0,
                                                  output_final_state=case.output_final_state, out=o)
 
-        outputs = lambda: Outputs(o=o, final_state=out.get("state"))  # noqa: E731
+        def outputs() -> Outputs:
+            state = out.get("state")
+            return Outputs(o=o, final_state=swap_kv(state) if state is not None and V_FIRST else state)
+
         reset = None
+        notes.append(f"{layout} state")
 
     if len(kern.CONFIGS) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
