@@ -8,12 +8,9 @@ import torch
 import typer
 from rich.table import Table
 
-from gdnbench.backends import UnknownBackend, get_backend
-from gdnbench.cli.common import console, die
+from gdnbench.cli.common import console, die, select
 from gdnbench.problem import make_problem
 from gdnbench.profile import profile_backend
-from gdnbench.runner import select_cases
-from gdnbench.suite import SuiteError, load_suite
 
 
 def profile(
@@ -31,22 +28,11 @@ def profile(
     """
     if not torch.cuda.is_available():
         die("gdnbench profile needs a CUDA device (it reads GPU kernel times)")
-    try:
-        suite = load_suite(suite_spec)
-    except SuiteError as e:
-        die(str(e))
-    names = [b.strip() for b in backends.split(",") if b.strip()] if backends else list(suite.backends)
-    try:
-        chosen = [get_backend(n) for n in names]
-    except UnknownBackend as e:
-        die(f"{suite.path}: backends: {e}")
-    cases = select_cases(suite, filter_)
-    if not cases:
-        die(f"--filter {filter_!r} matches none of the {len(suite.cases)} cases of {suite.path}")
+    sel = select(suite_spec, backends, filter_)
     dev = torch.device("cuda")
-    for case in cases:
-        problem = make_problem(case, suite.seed, dev)
-        for b in chosen:
+    for case in sel.cases:
+        problem = make_problem(case, sel.suite.seed, dev)
+        for b in sel.backends:
             why = b.unavailable() or b.unsupported(case, dev)
             if why:
                 console.print(f"[dim]{case.id} / {b.name}: skipped ({why})[/dim]")

@@ -13,12 +13,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gdnbench import provenance
-from gdnbench.backends import UnknownBackend, get_backend
-from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console
+from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.report import render
 from gdnbench.results import RunDir, load_run
-from gdnbench.runner import RunOptions, run_case, select_cases
-from gdnbench.suite import SuiteError, load_suite
+from gdnbench.runner import RunOptions, run_case
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
 
 
@@ -66,15 +64,8 @@ def run(
     Exit code: 0 all checked rows pass, 1 a row FAILs (or with --strict errors), 2 bad input,
     130 interrupted (rows measured so far are saved).
     """
-    try:
-        suite = load_suite(suite_spec)
-    except SuiteError as e:
-        die(str(e))
-    names = [b.strip() for b in backends.split(",") if b.strip()] if backends else list(suite.backends)
-    try:
-        chosen = [get_backend(n) for n in names]
-    except UnknownBackend as e:
-        die(f"{suite.path}: backends: {e}")
+    sel = select(suite_spec, backends, filter_)
+    suite, names, chosen, cases = sel.suite, sel.names, sel.backends, sel.cases
     if baseline is not None and baseline not in names:
         die(f"--baseline {baseline!r} is not among the backends run ({', '.join(names)})")
     wanted = {"prefill": baseline, "decode": baseline} if baseline is not None else suite.baselines()
@@ -94,9 +85,6 @@ def run(
     config = TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup,
                           min_samples=t.min_samples, max_samples=t.max_samples, min_time_s=t.min_time_s,
                           max_time_s=t.max_time_s, rel_ci=t.rel_ci)
-    cases = select_cases(suite, filter_)
-    if not cases:
-        die(f"--filter {filter_!r} matches none of the {len(suite.cases)} cases of {suite.path}")
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = RunDir(out or Path("results") / f"{suite.name}-{stamp}")
