@@ -76,10 +76,11 @@ def git_state() -> dict[str, Any]:
             return None
         return r.stdout.strip() if r.returncode == 0 else None
 
-    sha = git("rev-parse", "HEAD")
-    if sha is None and os.environ.get("GDNBENCH_GIT_SHA"):
-        # a copy of the tree without .git (e.g. shipped to a GPU box): the sender says which commit
+    if os.environ.get("GDNBENCH_GIT_SHA"):
+        # a copy of the tree shipped to a GPU box, whose .git (if any) need not match: the sender says
+        # which commit it is, and that wins
         return {"sha": os.environ["GDNBENCH_GIT_SHA"], "dirty": None, "source": "GDNBENCH_GIT_SHA"}
+    sha = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"sha": sha, "dirty": bool(status) if status is not None else None, "source": "git"}
 

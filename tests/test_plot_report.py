@@ -156,3 +156,13 @@ def test_figure_marks_fails_omits_skips_and_draws_speedup_intervals(run_dir):
     bars = [p for c in spd.containers if not isinstance(c, ErrorbarContainer) for p in c]
     assert len(bars) == 6  # flashinfer 3 + torch.chunk 3 (its FAIL has none; the baseline has none)
     assert sum(isinstance(c, ErrorbarContainer) for c in spd.containers) == 6
+
+
+def test_git_sha_from_the_environment_wins(monkeypatch):
+    """A tree copied to a GPU box may carry a stale .git: the commit the sender names is recorded."""
+    from gdnbench.provenance import git_state
+
+    monkeypatch.delenv("GDNBENCH_GIT_SHA", raising=False)
+    assert git_state()["source"] == "git"
+    monkeypatch.setenv("GDNBENCH_GIT_SHA", "abc1234")
+    assert git_state() == {"sha": "abc1234", "dirty": None, "source": "GDNBENCH_GIT_SHA"}
