@@ -26,6 +26,7 @@ import yaml
 from gdnbench.backends import registry
 from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, l2norm, start_slots
 from gdnbench.suite import Case
+from tests.sm90 import compile_sm90
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -429,27 +430,19 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
 
     from gdnbench_kernels import recurrent as kern
 
-    if kern.INTERPRETED:
-        pytest.skip("this process imported the kernel under TRITON_INTERPRET")
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-    except ImportError as e:
-        pytest.skip(f"no triton ahead-of-time compile API here: {e}")
-    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5):
-        pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
     pool, dt = mode.get("pool"), mode.get("dt", "fp32")
     ptr = {"q": dt, "k": dt, "v": dt, "g": "fp32", "beta": dt, "a": dt, "b": dt, "A_log": "fp32", "dt_bias": "fp32",
-           "o": dt, "h0": "fp32", "ht": "fp32", "pool": pool or "fp32", "slot_idx": "i32", "accepted": "i32", "cu_seqlens": "i64"}
+           "o": dt, "h0": "fp32", "ht": "fp32", "pool": pool or "fp32", "slot_idx": "i32", "accepted": "i32",
+           "cu_seqlens": "i64"}
     const = dict(H=2, HV=4, K=K, V=V, BK=triton.next_power_of_2(K), IS_VARLEN=bool(mode.get("varlen")),
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
-                 PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")), RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
+                 PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
+                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
-        ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + ([] if const["USE_H0"] else ["h0"]) + \
+        ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
+        ([] if const["USE_H0"] else ["h0"]) + \
         ([] if const["STORE_HT"] else ["ht"]) + ([] if const["IS_VARLEN"] else ["cu_seqlens"])
     const.update(dict.fromkeys(unused))
     sig = {name: "constexpr" if name in const else f"*{t}" for name, t in ptr.items()}
     sig.update(scale="fp32", T="i32", tune_tier="i32", **dict.fromkeys(const, "constexpr"))
-    src = ASTSource(fn=kern._recurrent_gdn_kernel.fn, signature=sig, constexprs=const)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2})
-    assert "cubin" in compiled.asm and ".reg" in compiled.asm["ptx"]
+    compile_sm90(kern._recurrent_gdn_kernel, sig, const, interpreted=kern.INTERPRETED, num_warps=warps)
