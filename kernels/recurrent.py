@@ -175,7 +175,9 @@ def _recurrent_gdn_kernel(
         # rejects a tensor mask and-ed with a scalar bool)
         k_live = tl.where(live, K, 0)
         pool_h = pool + (tl.maximum(slot, 0) * HV + i_h) * (K * V)  # scalar: the tile's pointers are rebuilt at the store
-        b_h = tl.load(pool_h + offs_kv, mask=(offs_k[:, None] < k_live) & mask_v[None, :], other=0.0).to(tl.float32)
+        # the pool streams through once per step: evict_first keeps it from pushing q/k/v out of L2
+        b_h = tl.load(pool_h + offs_kv, mask=(offs_k[:, None] < k_live) & mask_v[None, :], other=0.0,
+                      eviction_policy="evict_first").to(tl.float32)
     elif USE_H0:
         b_h = tl.load(h0 + (i_n.to(tl.int64) * HV + i_h) * (K * V) + offs_kv, mask=mask_kv, other=0.0).to(tl.float32)
 
@@ -220,7 +222,8 @@ def _recurrent_gdn_kernel(
             p_slot += 1
             w_k = tl.where(w_slot >= 0, K, 0)
             tl.store(pool + (tl.maximum(w_slot, 0) * HV + i_h) * (K * V) + offs_kv,
-                     _cast(b_h, pool.dtype.element_ty), mask=(offs_k[:, None] < w_k) & mask_v[None, :])
+                     _cast(b_h, pool.dtype.element_ty), mask=(offs_k[:, None] < w_k) & mask_v[None, :],
+                     eviction_policy="evict_first")
         p_q += H * K
         p_k += H * K
         p_v += HV * V
@@ -235,7 +238,7 @@ def _recurrent_gdn_kernel(
             offs_k2 = tl.arange(0, BK)
             offs_v2 = i_v * BV + tl.arange(0, BV)
             tl.store(pool_h + _state_offsets(offs_k2, offs_v2, K, V, V_FIRST), _cast(b_h, pool.dtype.element_ty),
-                     mask=(offs_k2[:, None] < k_live) & (offs_v2[None, :] < V))
+                     mask=(offs_k2[:, None] < k_live) & (offs_v2[None, :] < V), eviction_policy="evict_first")
     elif STORE_HT:
         offs_k2 = tl.arange(0, BK)
         offs_v2 = i_v * BV + tl.arange(0, BV)
