@@ -6,25 +6,26 @@ tokens, chunk-local cumulative log decay gc, A = strictLower(diag(beta)(Gamma o 
 pass over chunks for the state (v_new = U - W S, S <- exp(gc_C) S + (exp(gc_C - gc) o K)^T v_new)
 and a parallel pass for the outputs (O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new, scaled).
 
-One kernel per stage, every intermediate round-trips through global memory (as FLA's pipeline does,
-which is what this variant is measured against; ``chunk_fused`` removes the round trips):
+One kernel per stage (K K^T and the solve are one, as in FLA 0.6), every other intermediate
+round-trips through global memory (as FLA's pipeline does, which is what this variant is measured
+against; ``chunk_fused`` removes the round trips):
 
   (a) ``_chunk_gate_kernel``   per (chunk, value head): gc = cumsum(g) (raw gating: g and beta from
                                a, b, A_log, dt_bias first) -> gc fp32 (and beta fp32 for raw gating);
-  (b) ``_chunk_kkt_kernel``    per (chunk, value head): A [C, C] fp32 (one 64 x 64 tensor-core dot);
-  (c) ``_chunk_solve_kernel``  per (chunk, value head): (I + A)^-1 by blocks: the four 16 x 16
-                               diagonal blocks by forward substitution in registers, the six
-                               off-diagonal blocks from them (12 small dots) -> Ai, input dtype;
-  (d) ``_chunk_wu_kernel``     per (chunk, value head): W = Ai (beta exp(gc) o K), U = Ai (beta o V);
-  (e) ``_chunk_state_kernel``  per (sequence, value head, V-block of BV columns): walks the chunks of
+  (b) ``_chunk_kkt_solve_kernel`` per (chunk, value head): A (one 64 x 64 tensor-core dot over the key
+                               tile) and (I + A)^-1 (``_kkt_inverse``, below) -> Ai, input dtype; A
+                               itself never leaves the program but for its four 16 x 16 diagonal
+                               blocks, written to a small scratch (A_diag) and re-read by pointer;
+  (c) ``_chunk_wu_kernel``     per (chunk, value head): W = Ai (beta exp(gc) o K), U = Ai (beta o V);
+  (d) ``_chunk_state_kernel``  per (sequence, value head, V-block of BV columns): walks the chunks of
                                its sequence with the [K, BV] state slice in registers (fp32), stores
                                the chunk-entry states h [NT, HV, K, V] and v_new (input dtype), takes
                                initial_state, writes final_state (fp32);
-  (f) ``_chunk_output_kernel`` per (chunk, value head, V-block): the outputs from q, k, gc, h, v_new.
+  (e) ``_chunk_output_kernel`` per (chunk, value head, V-block): the outputs from q, k, gc, h, v_new.
 
-(e) can also compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one
+(d) can also compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one
 launch and no h round trip instead of parallelism over chunks, which ``chunk_fused`` uses for short
-sequences. Both variants share (e) and (f) and every device function below.
+sequences. Both variants share (d) and (e) and every device function below.
 
 Layout: every token-indexed buffer is flat over tokens ([B * T, heads, dim], the canonical tensors'
 own memory), and every kernel finds its sequence through ``cu_seqlens`` (a padded batch gets b * T
@@ -39,19 +40,29 @@ Hopper (sm_90) design choices and what they should buy:
     64-row tensor-core dots with bf16/fp16 operands and fp32 accumulation (fp32 inputs: real fp32,
     ``input_precision="ieee"``). The key dim is one tile (K <= 256) rather than 64-wide blocks because
     the in-kernel q/k L2 norm needs whole rows; at K = 128 that is a 16 KB operand, fine at 4 warps.
-  * the block inverse (c) keeps 16 x 16 pieces in registers; its dots are small but off the critical
-    path (one program per chunk and head, all in parallel).
-  * the state pass (e) is the only sequential part: its parallelism is N * HV * V / BV programs, so
-    BV (32 or 64) is autotuned with a parallelism tier in the key; 4 warps, 2-3 stages to prefetch the
-    next chunk's W/U/k while the current dots run.
-  * the output pass (f) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
-Register pressure (ptxas for sm_90, bf16, K = V = 128): (d) spills at 4 warps and not at 8, so it
-runs with 8; the state pass at BV 32, 4 warps uses 244 registers without spilling; with the output
+  * the inverse (b) is latency bound (a chain of dependent steps per chunk), so its serial part is
+    kept short and cheap: the four diagonal 16 x 16 blocks are inverted together in 15 steps, each
+    a [64, 16] multiply plus a row sum inside a warp, with the coefficients re-loaded from the
+    L1/L2-resident scratch rather than extracted from a register tile (a masked reduction over the
+    whole tile per row, through shared memory and a barrier, 2 x 60 times, as this kernel did before
+    at 425 us for T = 16384, HV = 32); the rest of the inverse is four 64 x 64 tensor-core dots.
+    Fusing K K^T into it saves A's fp32 round trip (256 bytes per token and head, written and read).
+  * the state pass (d) is the only sequential part: its parallelism is N * HV * V / BV programs, so
+    BV is autotuned with a parallelism tier in the key (``state_tier``): BV 16 or 32 for a few long
+    sequences (B = 1, HV = 32, V = 128: 256 or 128 programs on 132 SMs), 32 or 64 when programs are
+    enough; 4 warps, 2 or 3 stages. Note: triton 3.9's pipeliner prefetches only gc across
+    iterations here (async copies); the W, U and k tiles stay synchronous loads at the top of each
+    chunk (see the TTGIR), which a register double buffer cannot fix at 215-255 registers.
+  * the output pass (e) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
+Register pressure (ptxas for sm_90, bf16, K = V = 128): (b) 197 registers at 4 warps, no spills (8
+warps: 168, one program per SM instead of two); (c) spills at 4 warps and not at 8, so it runs with 8; the state pass at
+BV 32, 4 warps uses 255 (215 at 3 stages) without spilling, BV 64 spills 16-24 bytes; with the output
 fused in it spills a little at 4 and 8 warps (the autotuner weighs that against the saved launch).
-Autotuning is limited to (e) and (f), keyed on (K, V, ...) plus triton's dtype key, at most four
-candidates each; the other kernels have one fixed launch config. Under the Triton interpreter there
-is one config per kernel and no tuning; bf16 dots are computed from fp32 copies there (the
-interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even (``recurrent._cast``).
+Autotuning is limited to (d) and (e), keyed on (K, V, ...) plus triton's dtype key, at most four
+candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
+Triton interpreter there is one config per kernel and no tuning; bf16 dots are computed from fp32
+copies there (the interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even
+(``recurrent._cast``).
 """
 
 from __future__ import annotations
@@ -158,35 +169,43 @@ def _kkt_block(k_r, k_c, gc_r, gc_c, beta_r, rows, cols, n_valid, IEEE: tl.const
 
 
 @triton.jit
-def _invert_unit_lower16(A):
-    """(I + A)^-1 for a strictly lower triangular [16, 16] fp32 tile, by forward substitution:
-    row i of the inverse is e_i - a_i X (a_i: row i of A; X's rows above i are already final)."""
-    r = tl.arange(0, 16)
-    X = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, 16):
-        a_i = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)
-        X = tl.where(r[:, None] == i, X - tl.sum(a_i[:, None] * X, 0)[None, :], X)
-    return X
+def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.constexpr, IEEE: tl.constexpr):
+    """(I + A)^-1 of one chunk, fp32 [BT, BT], for A = strictLower(diag(beta)(Gamma o K K^T)) of the
+    [BT, BK] key tile b_k (one tensor-core dot).
 
-
-@triton.jit
-def _invert_blocks(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, IEEE: tl.constexpr):
-    """(I + A)^-1 of a 64 x 64 strictly lower A given as its ten 16 x 16 lower blocks (A_ij, fp32).
-
-    With D_i = (I + A_ii)^-1, block (i, j < i) of the inverse is -D_i sum_{j <= m < i} A_im X_mj.
-    Returns the ten lower blocks X_ij in the same order, fp32.
+    diag + row * diag_stride: fp32 scratch, 16 per row, through which each row's 16-wide diagonal block
+    of A is re-read by pointer (L1/L2-resident; a register tile has no cheap row or column access):
+      1. the four 16 x 16 diagonal blocks are inverted together, stacked as X [BT, 16], by backward
+         column substitution: X (I + A_bb) = I gives column j = e_j - X[:, j+1:] A_bb[j+1:, j], whose
+         coefficients are loaded (they depend only on the row's block) and whose sum runs along a row,
+         inside a warp: 15 steps of a [BT, 16] multiply and row sum, no shared memory, no barrier;
+      2. with D = blockdiag(X) and L the blocks of A below the diagonal, I + A = D^-1 (I + D L) and
+         (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
+         (M, P = I - M P twice, P D), tf32 for half inputs as every dot on fp32 tiles here. D enters
+         only the first and last dots (197 registers at 4 warps, K = 128 bf16; D - M Z three times
+         keeps D and M in registers throughout: 219).
     """
-    X00 = _invert_unit_lower16(A00)
-    X11 = _invert_unit_lower16(A11)
-    X22 = _invert_unit_lower16(A22)
-    X33 = _invert_unit_lower16(A33)
-    X10 = -_dot(X11, _dot(A10, X00, IEEE), IEEE)
-    X21 = -_dot(X22, _dot(A21, X11, IEEE), IEEE)
-    X32 = -_dot(X33, _dot(A32, X22, IEEE), IEEE)
-    X20 = -_dot(X22, _dot(A20, X00, IEEE) + _dot(A21, X10, IEEE), IEEE)
-    X31 = -_dot(X33, _dot(A31, X11, IEEE) + _dot(A32, X21, IEEE), IEEE)
-    X30 = -_dot(X33, _dot(A30, X00, IEEE) + _dot(A31, X10, IEEE) + _dot(A32, X20, IEEE), IEEE)
-    return X00, X10, X11, X20, X21, X22, X30, X31, X32, X33
+    r = tl.arange(0, BT)
+    m = tl.arange(0, 16)
+    blk_r = r // 16
+    b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_valid, IEEE)
+    same = blk_r[:, None] == blk_r[None, :]
+    tl.store(diag + rows[:, None] * diag_stride + (r % 16)[None, :], b_A, mask=same & (rows[:, None] < n_valid))
+    tl.debug_barrier()  # the scratch rows were written by other threads of this program
+    # coefficient rows of A_bb, per stacked row: chunk row 16 b + m, loaded at column 16 b + j
+    src = rows[:, None] - (r % 16)[:, None] + m[None, :]
+    X = tl.where((r % 16)[:, None] == m[None, :], 1.0, 0.0)
+    for jj in range(1, 16):  # column 15 of the inverse is e_15
+        j = 15 - jj
+        coef = tl.load(diag + src * diag_stride + j, mask=(m[None, :] > j) & (src < n_valid), other=0.0)
+        X = tl.where(m[None, :] == j, X - tl.sum(X * coef, 1)[:, None], X)
+    D = tl.where(same, tl.reshape(tl.broadcast_to(X[:, None, :], (BT, BT // 16, 16)), (BT, BT)), 0.0)
+    M = _dot(D, tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0), IEEE)
+    eye = r[:, None] == r[None, :]
+    P = tl.where(eye, 1.0, 0.0) - M
+    for _ in tl.static_range(BT // 16 - 2):
+        P = tl.where(eye, 1.0, 0.0) - _dot(M, P, IEEE)
+    return _dot(P, D, IEEE)
 
 
 @triton.jit
@@ -200,7 +219,31 @@ def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_valid, scale, IEEE: tl.conste
     return (b_o + _dot(_cast(b_s, b_v.dtype), b_v, IEEE)) * scale
 
 
-# ---- (a) - (d): the chunk-parallel stages --------------------------------------------------------------
+# ---- (a) - (c): the chunk-parallel stages --------------------------------------------------------------
+
+@triton.jit
+def _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, valid, i_h, HV: tl.constexpr, RAW_GATE: tl.constexpr):
+    """Stores a chunk's cumulative log decay gc (fp32) and returns (gc, beta), fp32, 0 past n_tok."""
+    tok = bos + rows
+    b_g, b_beta = _gate_rows(g, beta, a, b, A_log, dt_bias, tok, valid, i_h, HV, RAW_GATE)
+    b_gc = tl.cumsum(b_g, 0)
+    tl.store(gc + tok * HV + i_h, b_gc, mask=valid)
+    return b_gc, b_beta
+
+
+@triton.jit
+def _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV: tl.constexpr, K: tl.constexpr,
+              V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr):
+    """W = Ai (beta exp(gc) o K) and U = Ai (beta o V) of one chunk (V in BV-column blocks), stored in
+    W's dtype; b_ai: (I + A)^-1 in the dot dtype."""
+    b_kb = _cast(b_k * (b_beta * tl.exp(b_gc))[:, None], b_ai.dtype)
+    _store_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, tl.arange(0, BK), K, _dot(b_ai, b_kb, IEEE))
+    for i_v in range(0, tl.cdiv(V, BV)):
+        cols = i_v * BV + tl.arange(0, BV)
+        b_v = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V)
+        b_vb = _cast(b_v * b_beta[:, None], b_ai.dtype)
+        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, b_vb, IEEE))
+
 
 @triton.jit
 def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, chunk_indices,
@@ -209,17 +252,15 @@ def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, 
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
-    tok = bos + rows
-    b_g, b_beta = _gate_rows(g, beta, a, b, A_log, dt_bias, tok, valid, i_h, HV, RAW_GATE)
-    tl.store(gc + tok * HV + i_h, tl.cumsum(b_g, 0), mask=valid)
+    _, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, valid, i_h, HV, RAW_GATE)
     if RAW_GATE:
-        tl.store(beta_out + tok * HV + i_h, b_beta, mask=valid)
+        tl.store(beta_out + (bos + rows) * HV + i_h, b_beta, mask=valid)
 
 
 @triton.jit
-def _chunk_kkt_kernel(k, beta, gc, A, cu_seqlens, chunk_indices,
-                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                      L2NORM: tl.constexpr, IEEE: tl.constexpr):
+def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, cu_seqlens, chunk_indices,
+                            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                            L2NORM: tl.constexpr, IEEE: tl.constexpr):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
@@ -227,38 +268,8 @@ def _chunk_kkt_kernel(k, beta, gc, A, cu_seqlens, chunk_indices,
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
     b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_tok, IEEE)
-    _store_tile(A + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_A)
-
-
-@triton.jit
-def _chunk_solve_kernel(A, Ai, cu_seqlens, chunk_indices, HV: tl.constexpr, BT: tl.constexpr, IEEE: tl.constexpr):
-    # Ai's blocks above the diagonal are never written: the buffer is zero-initialised once.
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
-    base_a = A + bos * HV * BT + i_h * BT
-    base_ai = Ai + bos * HV * BT + i_h * BT
-    r = tl.arange(0, 16)
-    r0, r1, r2, r3 = i_t * BT + r, i_t * BT + 16 + r, i_t * BT + 32 + r, i_t * BT + 48 + r
-    c0, c1, c2, c3 = r, 16 + r, 32 + r, 48 + r
-    X00, X10, X11, X20, X21, X22, X30, X31, X32, X33 = _invert_blocks(
-        _load_tile(base_a, r0, n_tok, HV * BT, c0, BT),
-        _load_tile(base_a, r1, n_tok, HV * BT, c0, BT), _load_tile(base_a, r1, n_tok, HV * BT, c1, BT),
-        _load_tile(base_a, r2, n_tok, HV * BT, c0, BT), _load_tile(base_a, r2, n_tok, HV * BT, c1, BT),
-        _load_tile(base_a, r2, n_tok, HV * BT, c2, BT),
-        _load_tile(base_a, r3, n_tok, HV * BT, c0, BT), _load_tile(base_a, r3, n_tok, HV * BT, c1, BT),
-        _load_tile(base_a, r3, n_tok, HV * BT, c2, BT), _load_tile(base_a, r3, n_tok, HV * BT, c3, BT),
-        IEEE)
-    _store_tile(base_ai, r0, n_tok, HV * BT, c0, BT, X00)
-    _store_tile(base_ai, r1, n_tok, HV * BT, c0, BT, X10)
-    _store_tile(base_ai, r1, n_tok, HV * BT, c1, BT, X11)
-    _store_tile(base_ai, r2, n_tok, HV * BT, c0, BT, X20)
-    _store_tile(base_ai, r2, n_tok, HV * BT, c1, BT, X21)
-    _store_tile(base_ai, r2, n_tok, HV * BT, c2, BT, X22)
-    _store_tile(base_ai, r3, n_tok, HV * BT, c0, BT, X30)
-    _store_tile(base_ai, r3, n_tok, HV * BT, c1, BT, X31)
-    _store_tile(base_ai, r3, n_tok, HV * BT, c2, BT, X32)
-    _store_tile(base_ai, r3, n_tok, HV * BT, c3, BT, X33)
+    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, A_diag + bos * HV * 16 + i_h * 16, HV * 16, BT, IEEE)
+    _store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai)
 
 
 @triton.jit
@@ -273,16 +284,10 @@ def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, cu_seqlens, chunk_indices,
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
     b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    b_kb = _cast(b_k * (b_beta * tl.exp(b_gc))[:, None], b_ai.dtype)
-    _store_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, tl.arange(0, BK), K, _dot(b_ai, b_kb, IEEE))
-    for i_v in range(0, tl.cdiv(V, BV)):
-        cols = i_v * BV + tl.arange(0, BV)
-        b_v = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V)
-        b_vb = _cast(b_v * b_beta[:, None], b_ai.dtype)
-        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, b_vb, IEEE))
+    _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
 
 
-# ---- (e) the state pass and (f) the output pass (both variants) ----------------------------------------
+# ---- (d) the state pass and (e) the output pass (both variants) ----------------------------------------
 
 def _tile_width(n: int) -> int:
     """The tile width for a head dim: the next power of two, at least 16 (tl.dot's minimum)."""
@@ -304,6 +309,15 @@ def _state_prune(configs, named_args, **kwargs):
     return keep or [triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
 
 
+def _state_prune_by_tier(configs, named_args, **kwargs):
+    """_state_prune after a cut by parallelism tier (``state_tier``): tier 0 (a few long sequences, too
+    few programs for the GPU) keeps BV <= 32, tiers 1 and 2 (programs enough) keep BV >= 32, which
+    re-reads W and k less."""
+    tier = {**named_args, **kwargs}["state_tier"]
+    keep = [c for c in configs if (c.kwargs["BV"] <= 32 if tier == 0 else c.kwargs["BV"] >= 32)]
+    return _state_prune(keep or configs, named_args, **kwargs)
+
+
 def _output_prune(configs, named_args, **kwargs):
     V = {**named_args, **kwargs}["V"]
     keep, seen = [], set()
@@ -323,8 +337,8 @@ def _configs(candidates: list[tuple[int, int, int]]) -> list[triton.Config]:
     return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in candidates]
 
 
-# the parallelism tier (see state_tier) is a key: a long single sequence wants narrow V-blocks
-STATE_CONFIGS = _configs([(32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)])
+# the parallelism tier (see state_tier) is a key and picks four of these (_state_prune_by_tier)
+STATE_CONFIGS = _configs([(16, 4, 2), (16, 4, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)])
 OUTPUT_CONFIGS = _configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)])
 
 
@@ -375,7 +389,7 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
 
 
 _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
-                                      prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
+                                      prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 
 @triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _output_prune})
@@ -456,9 +470,9 @@ class ChunkWorkspace:
     gc: Tensor  # [B*T, HV] fp32, chunk-local cumulative log decay
     W: Tensor  # [B*T, HV, K] input dtype
     U: Tensor  # [B*T, HV, V] input dtype
+    A_diag: Tensor  # [B*T, HV, 16] fp32 scratch of the solve: each row's 16-wide diagonal block of A
     beta: Tensor | None  # [B*T, HV] fp32 sigmoid(b): raw gating in the multi-kernel pipeline
-    A: Tensor | None  # [B*T, HV, C] fp32, rows of strictLower(diag(beta)(Gamma o K K^T)) (multi-kernel)
-    Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel); zero-initialised
+    Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel)
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
     h: Tensor | None  # [NT, HV, K, V] input dtype, the state entering each chunk (None likewise)
     final_state: Tensor | None  # [N, HV, K, V] fp32
@@ -466,7 +480,7 @@ class ChunkWorkspace:
     @classmethod
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
                  fuse_output: bool, final_state: bool) -> ChunkWorkspace:
-        """stages: the multi-kernel pipeline's A, Ai (and beta for raw gating) buffers too."""
+        """stages: the multi-kernel pipeline's Ai (and beta for raw gating) buffers too."""
         B, T, _, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         BT, dt, dev = B * T, q.dtype, q.device
@@ -476,10 +490,9 @@ class ChunkWorkspace:
 
         return cls(
             gc=empty(BT, HV, dtype=torch.float32), W=empty(BT, HV, K), U=empty(BT, HV, V),
+            A_diag=empty(BT, HV, 16, dtype=torch.float32),
             beta=empty(BT, HV, dtype=torch.float32) if stages and raw_gate else None,
-            A=empty(BT, HV, CHUNK, dtype=torch.float32) if stages else None,
-            # the solve writes only the blocks on and below the diagonal: zeros above, once
-            Ai=torch.zeros(BT, HV, CHUNK, dtype=dt, device=dev) if stages else None,
+            Ai=empty(BT, HV, CHUNK) if stages else None,
             v_new=None if fuse_output else empty(BT, HV, V),
             h=None if fuse_output else empty(layout.NT, HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
@@ -556,7 +569,7 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
         raise ValueError(f"initial_state must be [N, HV, K, V] = {(lay.N, HV, K, V)}")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
                                               fuse_output=fuse_output, final_state=output_final_state)
-    missing = [name for name, need in (("A", stages), ("Ai", stages), ("beta", stages and a is not None),
+    missing = [name for name, need in (("Ai", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
                                        ("final_state", output_final_state)) if need and getattr(ws, name) is None]
     if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype:
@@ -578,7 +591,7 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
 
 
 def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool) -> None:
-    """(e), and (f) unless the output is fused into (e). state_kernel: an autotuned _chunk_state_fn."""
+    """(d), and (e) unless the output is fused into (d). state_kernel: an autotuned _chunk_state_fn."""
     lay, ws = x.lay, x.ws
     shape = dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
     state_kernel[lambda meta: (lay.N * x.HV, triton.cdiv(x.V, meta["BV"]))](
@@ -610,7 +623,7 @@ def chunk_gdn(
     out: Tensor | None = None,
     workspace: ChunkWorkspace | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Chunked gated delta rule prefill, one kernel per stage (six launches).
+    """Chunked gated delta rule prefill, one kernel per stage (five launches).
 
     q, k [B, T, H, K]; v [B, T, HV, V]; HV a multiple of H; K, V <= 256. Gating: g (log decay, fp32) and
     beta (post-sigmoid) [B, T, HV], or raw a, b [B, T, HV] with A_log, dt_bias [HV]. Varlen: B = 1 and
@@ -629,10 +642,9 @@ def chunk_gdn(
         beta_f = ws.beta if x.raw else x.beta
         _chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.cu_seqlens,
                                  lay.chunk_indices, HV=x.HV, BT=CHUNK, RAW_GATE=x.raw, num_warps=1)
-        _chunk_kkt_kernel[grid](x.k, beta_f, ws.gc, ws.A, lay.cu_seqlens, lay.chunk_indices, H=x.H, HV=x.HV, K=x.K,
-                                BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee, num_warps=4, num_stages=2)
-        _chunk_solve_kernel[grid](ws.A, ws.Ai, lay.cu_seqlens, lay.chunk_indices, HV=x.HV, BT=CHUNK, IEEE=x.ieee,
-                                  num_warps=4)
+        _chunk_kkt_solve_kernel[grid](x.k, beta_f, ws.gc, ws.A_diag, ws.Ai, lay.cu_seqlens, lay.chunk_indices,
+                                      H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee,
+                                      num_warps=4, num_stages=1)
         _chunk_wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.cu_seqlens, lay.chunk_indices,
                                H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, _tile_width(x.V)),
                                L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
