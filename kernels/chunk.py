@@ -173,8 +173,9 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
     """(I + A)^-1 of one chunk, fp32 [BT, BT], for A = strictLower(diag(beta)(Gamma o K K^T)) of the
     [BT, BK] key tile b_k (one tensor-core dot).
 
-    diag + row * diag_stride: fp32 scratch, 16 per row, through which each row's 16-wide diagonal block
-    of A is re-read by pointer (L1/L2-resident; a register tile has no cheap row or column access):
+    diag + row * diag_stride: fp32 scratch, 16 per row, through which A's 16 x 16 diagonal blocks are
+    re-read by pointer (L1/L2-resident; a register tile has no cheap row or column access), transposed:
+    row 16 b + j holds column j of block b, so every load below is one contiguous 16-vector per block:
       1. the four 16 x 16 diagonal blocks are inverted together, stacked as X [BT, 16], by backward
          column substitution: X (I + A_bb) = I gives column j = e_j - X[:, j+1:] A_bb[j+1:, j], whose
          coefficients are loaded (they depend only on the row's block) and whose sum runs along a row,
@@ -184,20 +185,24 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
          (M, P = I - M P twice, P D), tf32 for half inputs as every dot on fp32 tiles here. D enters
          only the first and last dots (197 registers at 4 warps, K = 128 bf16; D - M Z three times
          keeps D and M in registers throughout: 219).
+    Scratch rows past n_valid are neither written (they belong to the next sequence) nor read.
     """
     r = tl.arange(0, BT)
     m = tl.arange(0, 16)
     blk_r = r // 16
     b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_valid, IEEE)
     same = blk_r[:, None] == blk_r[None, :]
-    tl.store(diag + rows[:, None] * diag_stride + (r % 16)[None, :], b_A, mask=same & (rows[:, None] < n_valid))
+    blk0 = rows - r % 16  # each row's block start (a row of the sequence)
+    # A[row, col] -> scratch[col, row % 16] within a block (col < n_valid: zeros above the diagonal too)
+    tl.store(diag + rows[None, :] * diag_stride + (r % 16)[:, None], b_A,
+             mask=same & (rows[:, None] < n_valid) & (rows[None, :] < n_valid))
     tl.debug_barrier()  # the scratch rows were written by other threads of this program
-    # coefficient rows of A_bb, per stacked row: chunk row 16 b + m, loaded at column 16 b + j
-    src = rows[:, None] - (r % 16)[:, None] + m[None, :]
     X = tl.where((r % 16)[:, None] == m[None, :], 1.0, 0.0)
     for jj in range(1, 16):  # column 15 of the inverse is e_15
         j = 15 - jj
-        coef = tl.load(diag + src * diag_stride + j, mask=(m[None, :] > j) & (src < n_valid), other=0.0)
+        # A_bb[m, j] for the row's block b, m > j (rows past n_valid: 0)
+        coef = tl.load(diag + (blk0 + j)[:, None] * diag_stride + m[None, :],
+                       mask=(m[None, :] > j) & (blk0[:, None] + m[None, :] < n_valid), other=0.0)
         X = tl.where(m[None, :] == j, X - tl.sum(X * coef, 1)[:, None], X)
     D = tl.where(same, tl.reshape(tl.broadcast_to(X[:, None, :], (BT, BT // 16, 16)), (BT, BT)), 0.0)
     M = _dot(D, tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0), IEEE)

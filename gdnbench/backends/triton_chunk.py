@@ -1,11 +1,11 @@
 """triton.chunk and triton.chunk_fused: the bundled chunked-prefill Triton kernels.
 
-``triton.chunk`` (gdnbench_kernels.chunk) is the standard six-kernel chunkwise pipeline;
-``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T, the triangular solve and
-W/U into one kernel and, for short sequences, the outputs into the state pass. Both take raw gating,
-q/k L2 normalisation and GVA inside the kernels. The chunk layout (from cu_seqlens, read on the host)
-and every intermediate buffer are built here, outside the timed call, which then neither allocates
-nor syncs. Runs on a CPU in Triton's interpreter.
+``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
+and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T,
+the triangular solve and W/U into one kernel and, for short sequences, the outputs into the state
+pass. Both take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
+cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
+which then neither allocates nor syncs. Runs on a CPU in Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _prepare(p: Problem, *, fused: bool) -> Prepared:
         def call() -> None:
             chunk.chunk_gdn(p.q, p.k, p.v, **kw)
 
-        kernels = "gate, kkt, solve, wu"
+        kernels = "gate, kkt+solve, wu"
         configs = chunk.STATE_CONFIGS
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
