@@ -54,8 +54,8 @@ Hopper (sm_90) design choices and what they should buy:
     iterations here (async copies); the W, U and k tiles stay synchronous loads at the top of each
     chunk (see the TTGIR), which a register double buffer cannot fix at 215-255 registers.
   * the output pass (e) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
-Register pressure (ptxas for sm_90, bf16, K = V = 128): (b) 197 registers at 4 warps, no spills (8
-warps: 168, one program per SM instead of two); (c) spills at 4 warps and not at 8, so it runs with 8; the state pass at
+Register pressure (ptxas for sm_90, bf16, K = V = 128): (b) 174 registers at 4 warps, no spills (8
+warps: 166, one program per SM instead of two); (c) spills at 4 warps and not at 8, so it runs with 8; the state pass at
 BV 32, 4 warps uses 255 (215 at 3 stages) without spilling, BV 64 spills 16-24 bytes; with the output
 fused in it spills a little at 4 and 8 warps (the autotuner weighs that against the saved launch).
 Autotuning is limited to (d) and (e), keyed on (K, V, ...) plus triton's dtype key, at most four
@@ -183,8 +183,8 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
       2. with D = blockdiag(X) and L the blocks of A below the diagonal, I + A = D^-1 (I + D L) and
          (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
          (M, P = I - M P twice, P D), tf32 for half inputs as every dot on fp32 tiles here. D enters
-         only the first and last dots (197 registers at 4 warps, K = 128 bf16; D - M Z three times
-         keeps D and M in registers throughout: 219).
+         only the first and last dots (Z = D - M Z three times would keep D and M in registers
+         throughout: 22 registers more at 4 warps, K = 128 bf16).
     Scratch rows past n_valid are neither written (they belong to the next sequence) nor read.
     """
     r = tl.arange(0, BT)
@@ -323,7 +323,8 @@ def _state_prune_by_tier(configs, named_args, **kwargs):
     return _state_prune(keep or configs, named_args, **kwargs)
 
 
-def _output_prune(configs, named_args, **kwargs):
+def _bv_prune(configs, named_args, **kwargs):
+    """BV no wider than V needs (duplicates dropped)."""
     V = {**named_args, **kwargs}["V"]
     keep, seen = [], set()
     for c in configs:
@@ -397,7 +398,7 @@ _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUS
                                       prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 
-@triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _output_prune})
+@triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _bv_prune})
 @triton.jit
 def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,

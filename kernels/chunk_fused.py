@@ -21,15 +21,16 @@ Two or three launches instead of five:
 What each should buy on Hopper: (1) the sum of ``chunk``'s (a)-(c) minus the Ai write and read
 (2 x 64 x 2 bytes per token and head in bf16) and two launches; the old prep kernel (ten 16-row
 K K^T dots, the block inverse extracting rows from register tiles, twelve 16 x 16 dots) took
-1415 us at T=16384, HV=32 against 750 us for ``chunk``'s four kernels, all of it in the inverse's
-serial chain; (3) another launch and the h write + read (2 x K x V bytes per chunk and head, as
+1415 us at T=16384, HV=32 against 750 us for ``chunk``'s four kernels, by the look of
+``chunk``'s old solve (425 us) mostly in the inverse's serial chain; (3) another launch and the h write + read (2 x K x V bytes per chunk and head, as
 much as all inputs together at C = 64, K = V = 128 in bf16) on short sequences. The chunk-parallel
 state pass (per-chunk transitions combined by a scan) would attack B=1 T=65536 further and is not
 implemented.
 
-The prep kernel runs with 8 warps: 255 registers, no spills at K = V = 128 bf16 on sm_90 (at 4 it
-spills 180 bytes). Shared code (device functions, the state and output kernels, validation, the
-layout and workspace) lives in ``chunk``.
+The prep kernel is autotuned between 8 warps (BV 64: 254 registers, no spills at K = V = 128 bf16
+on sm_90, one program per SM) and 4 warps (BV 32: 8-64 bytes spilled, two programs per SM, whose
+latency-bound inverses overlap); BV 64 at 4 warps spills 168 bytes. Shared code (device functions,
+the state and output kernels, validation, the layout and workspace) lives in ``chunk``.
 """
 
 from __future__ import annotations
@@ -38,9 +39,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, _cast, _chunk_bounds, _chunk_state_fn, _chunk_state_kernel,
-                    _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup, _state_and_output, _state_prune,
-                    _tile_width, _wu_store)
+from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, _bv_prune, _cast, _chunk_bounds, _chunk_state_fn,
+                    _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
+                    _state_and_output, _state_prune, _wu_store)
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "FUSE_OUTPUT_MAX_LEN", "describe"]
@@ -56,6 +57,13 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
 
+# (BV of U's column blocks, warps, stages): one 8-warp program per SM (254 registers, no spills at
+# K = V = 128 bf16) or two 4-warp ones (255 registers, 8 bytes spilled, 64 with raw gating and the
+# in-kernel L2 norm), whose serial chains overlap
+PREP_CONFIGS = _configs([(64, 8, 2), (32, 4, 2)])
+
+
+@triton.autotune(configs=PREP_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _bv_prune})
 @triton.jit
 def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu_seqlens, chunk_indices,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
@@ -110,14 +118,14 @@ def chunk_fused_gdn(
     if lay.NT:
         _chunk_prep_kernel[(lay.NT, x.HV)](
             x.k, x.v, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.W, ws.U, lay.cu_seqlens,
-            lay.chunk_indices,
-            H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, _tile_width(x.V)), RAW_GATE=x.raw,
-            L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
+            lay.chunk_indices, H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm,
+            IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
                       output_final_state=output_final_state)
     return x.out, ws.final_state if output_final_state else None
 
 
 def describe(*, fuse_output: bool) -> str:
-    """The state (and output) pass configs of the latest launch, for a result row's path."""
-    return _describe(_state_kernel if fuse_output else None, fuse_output=fuse_output)
+    """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
+    return f"prep[{_config_str(_chunk_prep_kernel)}], " + _describe(_state_kernel if fuse_output else None,
+                                                                  fuse_output=fuse_output)

@@ -189,12 +189,14 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_output_kernel", dict(shape, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
                                                    b=None, A_log=None, dt_bias=None), 8),
+        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=32, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
+                                                   beta=None), 4),
     ]
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("index", range(7))
+@pytest.mark.parametrize("index", range(8))
 def test_kernel_compiles_for_sm90(D, index):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     from gdnbench_kernels import chunk
@@ -288,6 +290,8 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
         assert ran.path.str.contains("raw gating fused").sum() == 1
         assert set(rows[rows.status == "SKIP"].error) == {f"{name}: head dims up to 256, case has K=512, V=512"}
     assert df[df.backend == "triton.chunk_fused"].path.str.contains("output fused").sum() == 2  # short sequences
+    fused = df[(df.backend == "triton.chunk_fused") & (df.status != "SKIP")]
+    assert fused.path.str.contains("prep[BV=32 w4", regex=False).all()  # the interpreter's one prep config
 
 
 def test_interpreted_run_time(interpreted):

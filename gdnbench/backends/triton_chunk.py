@@ -52,7 +52,7 @@ def _prepare(p: Problem, *, fused: bool) -> Prepared:
         def call() -> None:
             chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output)
 
-        kernels = "prep (gate+kkt+solve+wu)"
+        kernels = "gate+kkt+solve+wu in one"
         configs = chunk_fused.STATE_CONFIGS
     else:
         def call() -> None:
