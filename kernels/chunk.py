@@ -50,14 +50,15 @@ Hopper (sm_90) design choices and what they should buy:
   * the state pass (d) is the only sequential part: its parallelism is N * HV * V / BV programs, so
     BV is autotuned with a parallelism tier in the key (``state_tier``): BV 16 or 32 for a few long
     sequences (B = 1, HV = 32, V = 128: 256 or 128 programs on 132 SMs), 32 or 64 when programs are
-    enough; 4 warps, 2 or 3 stages. Note: triton 3.9's pipeliner prefetches only gc across
-    iterations here (async copies); the W, U and k tiles stay synchronous loads at the top of each
-    chunk (see the TTGIR), which a register double buffer cannot fix at 215-255 registers.
+    enough; 4 warps, 2 or 3 stages: the pipeliner prefetches the next chunk's W, U, k and gc by
+    async copies into shared memory (82 KB at BV 32, 2 stages) while the current dots run.
   * the output pass (e) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
-Register pressure (ptxas for sm_90, bf16, K = V = 128): (b) 174 registers at 4 warps, no spills (8
-warps: 166, one program per SM instead of two); (c) spills at 4 warps and not at 8, so it runs with 8; the state pass at
-BV 32, 4 warps uses 255 (215 at 3 stages) without spilling, BV 64 spills 16-24 bytes; with the output
-fused in it spills a little at 4 and 8 warps (the autotuner weighs that against the saved launch).
+Register pressure (ptxas for sm_90, bf16, K = V = 128, pointers 16-byte aligned as the JIT specializes
+them, see tests/sm90.py; without that every tile load is scalar and the counts nearly double): (b)
+138 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
+pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills; with the output fused in
+255 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
+saved launch); the output pass 182 at BV 64, 4 warps.
 Autotuning is limited to (d) and (e), keyed on (K, V, ...) plus triton's dtype key, at most four
 candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
 Triton interpreter there is one config per kernel and no tuning; bf16 dots are computed from fp32
@@ -183,8 +184,8 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
       2. with D = blockdiag(X) and L the blocks of A below the diagonal, I + A = D^-1 (I + D L) and
          (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
          (M, P = I - M P twice, P D), tf32 for half inputs as every dot on fp32 tiles here. D enters
-         only the first and last dots (Z = D - M Z three times would keep D and M in registers
-         throughout: 22 registers more at 4 warps, K = 128 bf16).
+         only the first and last dots (Z = D - M Z three times would keep D in registers next to M
+         throughout).
     Scratch rows past n_valid are neither written (they belong to the next sequence) nor read.
     """
     r = tl.arange(0, BT)

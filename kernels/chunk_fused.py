@@ -21,16 +21,18 @@ Two or three launches instead of five:
 What each should buy on Hopper: (1) the sum of ``chunk``'s (a)-(c) minus the Ai write and read
 (2 x 64 x 2 bytes per token and head in bf16) and two launches; the old prep kernel (ten 16-row
 K K^T dots, the block inverse extracting rows from register tiles, twelve 16 x 16 dots) took
-1415 us at T=16384, HV=32 against 750 us for ``chunk``'s four kernels, by the look of
-``chunk``'s old solve (425 us) mostly in the inverse's serial chain; (3) another launch and the h write + read (2 x K x V bytes per chunk and head, as
-much as all inputs together at C = 64, K = V = 128 in bf16) on short sequences. The chunk-parallel
-state pass (per-chunk transitions combined by a scan) would attack B=1 T=65536 further and is not
-implemented.
+1415 us at T=16384, HV=32 against 750 us for ``chunk``'s four kernels, by the look of ``chunk``'s
+old solve (425 us) mostly in the inverse's serial chain; (3) another launch and the h write + read
+(2 x K x V bytes per chunk and head, as much as all inputs together at C = 64, K = V = 128 in bf16)
+on short sequences. The chunk-parallel state pass (per-chunk transitions combined by a scan) would
+attack B=1 T=65536 further and is not implemented.
 
-The prep kernel is autotuned between 8 warps (BV 64: 254 registers, no spills at K = V = 128 bf16
-on sm_90, one program per SM) and 4 warps (BV 32: 8-64 bytes spilled, two programs per SM, whose
-latency-bound inverses overlap); BV 64 at 4 warps spills 168 bytes. Shared code (device functions,
-the state and output kernels, validation, the layout and workspace) lives in ``chunk``.
+The prep kernel is autotuned (PREP_CONFIGS) between one 8-warp program per SM and two or three
+4-warp ones, whose latency-bound inverses overlap. Registers at K = V = 128 bf16 on sm_90 (as the JIT
+specializes, see ``chunk``), no spills anywhere: 182 at 8 warps, BV 64, 2 stages; 167 at 4 warps,
+BV 64, 1 stage (three programs per SM; 239 with raw gating and the in-kernel L2 norm: two). Shared
+code (device functions, the state and output kernels, validation, the layout and workspace) lives
+in ``chunk``.
 """
 
 from __future__ import annotations
@@ -57,10 +59,8 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
 
-# (BV of U's column blocks, warps, stages): one 8-warp program per SM (254 registers, no spills at
-# K = V = 128 bf16) or two 4-warp ones (255 registers, 8 bytes spilled, 64 with raw gating and the
-# in-kernel L2 norm), whose serial chains overlap
-PREP_CONFIGS = _configs([(64, 8, 2), (32, 4, 2)])
+# (BV of U's column blocks, warps, stages): see the module docstring
+PREP_CONFIGS = _configs([(64, 8, 2), (64, 4, 1), (32, 4, 1)])
 
 
 @triton.autotune(configs=PREP_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _bv_prune})

@@ -189,7 +189,7 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_output_kernel", dict(shape, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
                                                    b=None, A_log=None, dt_bias=None), 8),
-        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=32, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
+        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
                                                    beta=None), 4),
     ]
 
