@@ -27,12 +27,12 @@ old solve (425 us) mostly in the inverse's serial chain; (3) another launch and 
 on short sequences. The chunk-parallel state pass (per-chunk transitions combined by a scan) would
 attack B=1 T=65536 further and is not implemented.
 
-The prep kernel is autotuned (PREP_CONFIGS) between one 8-warp program per SM and two or three
-4-warp ones, whose latency-bound inverses overlap. Registers at K = V = 128 bf16 on sm_90 (as the JIT
-specializes, see ``chunk``), no spills anywhere: 182 at 8 warps, BV 64, 2 stages; 167 at 4 warps,
-BV 64, 1 stage (three programs per SM; 239 with raw gating and the in-kernel L2 norm: two). Shared
-code (device functions, the state and output kernels, validation, the layout and workspace) lives
-in ``chunk``.
+The prep kernel is autotuned (PREP_CONFIGS) between one 8-warp program per SM and two 4-warp
+ones, whose latency-bound inverses overlap. Registers at K = V = 128 bf16 on sm_90 (as the JIT
+specializes, see ``chunk``), no spills anywhere: 196 at 8 warps, BV 64, 2 stages (one program per
+SM); 201 at 4 warps, BV 64, 1 stage (two per SM; 255 with raw gating and the in-kernel L2
+norm). Shared code (device functions, the state and output kernels, validation, the layout and
+workspace) lives in ``chunk``.
 """
 
 from __future__ import annotations
