@@ -48,10 +48,13 @@ Hopper (sm_90) design choices and what they should buy:
     at 425 us for T = 16384, HV = 32); the rest of the inverse is four 64 x 64 tensor-core dots.
     Fusing K K^T into it saves A's fp32 round trip (256 bytes per token and head, written and read).
   * the state pass (d) is the only sequential part: its parallelism is N * HV * V / BV programs, so
-    BV is autotuned with a parallelism tier in the key (``state_tier``): BV 16 or 32 for a few long
-    sequences (B = 1, HV = 32, V = 128: 256 or 128 programs on 132 SMs), 32 or 64 when programs are
-    enough; 4 warps, 2 or 3 stages: the pipeliner prefetches the next chunk's W, U, k and gc by
-    async copies into shared memory (82 KB at BV 32, 2 stages) while the current dots run.
+    BV is autotuned with a parallelism tier in the key (``state_tier``): 32 or 64, and 16 for a few
+    long sequences (B = 1, HV = 32, V = 128: 256 programs on 132 SMs instead of 128 or 64); 4 warps,
+    2 or 3 stages: the pipeliner prefetches the next chunk's W, U, k and gc by async copies into
+    shared memory (82 KB at BV 32, 2 stages) while the current dots run. Measured on an H100 at
+    B=1 T=16384 HV=32: these 4-warp 32/64 candidates gave 314 us, while a list of BV 16 (2 stages),
+    32 (2 stages, 4 or 8 warps) and 64 (8 warps, 3 stages) gave 450 us (64 w8 s3 picked): narrow
+    blocks at 2 stages lose there, so BV 16 is offered with 3 stages only, next to the others.
   * the output pass (e) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
 Register pressure (ptxas for sm_90, bf16, K = V = 128, pointers 16-byte aligned as the JIT specializes
 them, see tests/sm90.py; without that every tile load is scalar and the counts nearly double): (b)
@@ -59,7 +62,7 @@ them, see tests/sm90.py; without that every tile load is scalar and the counts n
 pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills; with the output fused in
 255 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
 saved launch); the output pass 182 at BV 64, 4 warps.
-Autotuning is limited to (d) and (e), keyed on (K, V, ...) plus triton's dtype key, at most four
+Autotuning is limited to (d) and (e), keyed on (K, V, ...) plus triton's dtype key, at most five
 candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
 Triton interpreter there is one config per kernel and no tuning; bf16 dots are computed from fp32
 copies there (the interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even
@@ -319,12 +322,11 @@ def _state_prune(configs, named_args, **kwargs):
 
 
 def _state_prune_by_tier(configs, named_args, **kwargs):
-    """_state_prune after a cut by parallelism tier (``state_tier``): tier 0 (a few long sequences, too
-    few programs for the GPU) keeps BV <= 32, tiers 1 and 2 (programs enough) keep BV >= 32, which
-    re-reads W and k less."""
+    """_state_prune after a cut by parallelism tier (``state_tier``): BV 16 only at tier 0 (a few long
+    sequences, too few programs for the GPU); with programs enough it only re-reads W and k more."""
     tier = {**named_args, **kwargs}["state_tier"]
-    keep = [c for c in configs if (c.kwargs["BV"] <= 32 if tier == 0 else c.kwargs["BV"] >= 32)]
-    return _state_prune(keep or configs, named_args, **kwargs)
+    keep = [c for c in configs if tier == 0 or c.kwargs["BV"] >= 32]
+    return _state_prune(keep, named_args, **kwargs)
 
 
 def _bv_prune(configs, named_args, **kwargs):
@@ -347,8 +349,8 @@ def _configs(candidates: list[tuple[int, int, int]]) -> list[triton.Config]:
     return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in candidates]
 
 
-# the parallelism tier (see state_tier) is a key and picks four of these (_state_prune_by_tier)
-STATE_CONFIGS = _configs([(16, 4, 2), (16, 4, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)])
+# the parallelism tier (see state_tier) is a key; BV 16 for tier 0 only (_state_prune_by_tier)
+STATE_CONFIGS = _configs([(16, 4, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)])
 OUTPUT_CONFIGS = _configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)])
 
 

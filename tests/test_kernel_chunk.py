@@ -329,16 +329,17 @@ def test_launcher_rejects_bad_arguments(bad, needle):
 
 
 def test_state_candidates_follow_the_parallelism_tier():
-    """A few long sequences (tier 0) get the narrow V-blocks (more programs), the other tiers the wide ones;
-    four candidates each, all of them for the GPU (this process does not interpret)."""
+    """A few long sequences (tier 0) also get BV 16 (more programs), the other tiers 32 and 64 only
+    (this process does not interpret: the GPU's candidates)."""
     from gdnbench_kernels import chunk
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
     args = {"BK": 128, "V": 128}
     picked = {tier: chunk._state_prune_by_tier(chunk.STATE_CONFIGS, {**args, "state_tier": tier}) for tier in (0, 1, 2)}
-    assert {c.kwargs["BV"] for c in picked[0]} == {16, 32} and len(picked[0]) == 4
+    assert {c.kwargs["BV"] for c in picked[0]} == {16, 32, 64} and len(picked[0]) == 5
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
+    assert len(picked[1]) == 4
     assert [chunk.state_tier(1, 32), chunk.state_tier(16, 8), chunk.state_tier(64, 32)] == [0, 1, 2]
 
 
