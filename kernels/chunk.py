@@ -482,7 +482,7 @@ class ChunkWorkspace:
     gc: Tensor  # [B*T, HV] fp32, chunk-local cumulative log decay
     W: Tensor  # [B*T, HV, K] input dtype
     U: Tensor  # [B*T, HV, V] input dtype
-    A_diag: Tensor  # [B*T, HV, 16] fp32 scratch of the solve: each row's 16-wide diagonal block of A
+    A_diag: Tensor  # [B*T, HV, 16] fp32 scratch of the solve: A's 16 x 16 diagonal blocks, transposed
     beta: Tensor | None  # [B*T, HV] fp32 sigmoid(b): raw gating in the multi-kernel pipeline
     Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel)
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
