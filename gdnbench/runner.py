@@ -73,7 +73,7 @@ def select_cases(suite: Suite, pattern: str | None) -> list[Case]:
 def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
              on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[dict], list[dict]]:
     """Rows and raw samples for one case, one row per backend."""
-    base = {"suite": suite.name, "case_id": case.id, "device": _device_name(opts.device), **case.fields()}
+    base = _row_base(case, suite, opts.device)
     rows: list[dict] = []
     samples: list[dict] = []
     try:
@@ -225,9 +225,34 @@ def _sync(device: torch.device) -> None:
 
 def _free(device: torch.device) -> None:
     if device.type == "cuda":
+        # after a sticky error (an illegal memory access) both raise again: device_lost reports that
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
+            torch.cuda.empty_cache()
+
+
+def device_lost(device: torch.device) -> str | None:
+    """Why the device can no longer run anything, or None. CUDA errors such as an illegal memory
+    access are sticky: every later call in this process fails, so later rows would measure nothing."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.ones(1, device=device).add_(1)
+        torch.cuda.synchronize(device)
+    except Exception as e:
+        return f"{type(e).__name__}: {_first_line(e)}"
+    return None
+
+
+def not_run_rows(case: Case, backends: Sequence[Backend], suite: Suite, device: torch.device,
+                 reason: str) -> list[dict]:
+    """ERROR rows for a case that was never started."""
+    base = _row_base(case, suite, device)
+    return [{**base, "backend": b.name, "status": "ERROR", "error": f"not run: {reason}"} for b in backends]
+
+
+def _row_base(case: Case, suite: Suite, device: torch.device) -> dict[str, Any]:
+    return {"suite": suite.name, "case_id": case.id, "device": _device_name(device), **case.fields()}
 
 
 def _device_name(device: torch.device) -> str:

@@ -82,6 +82,29 @@ def test_errors_alone_exit_zero_unless_strict(tmp_path):
     assert run(suite, "--out", tmp_path / "b", "--strict").exit_code == 1
 
 
+def test_a_lost_gpu_context_stops_the_run_and_says_why(tmp_path, monkeypatch):
+    """After a sticky CUDA error every later call fails: the remaining cases become 'not run' rows that
+    name the case and backend where the context was lost, what was measured is kept, and the exit is 1."""
+    from gdnbench import runner as runner_mod
+
+    probes = iter([None, "AcceleratorError: CUDA error: an illegal memory access was encountered"])
+    monkeypatch.setattr(runner_mod, "device_lost", lambda _dev: next(probes))
+    suite = write_suite(tmp_path, ["torch.recurrent", "tests.fake_backends:raises"])
+    res = run(suite, "--out", tmp_path / "out")
+    assert res.exit_code == 1, res.output
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert len(df) == 2 * len(CASES)
+    done, lost, rest = (df[df.case_id == c] for c in df.case_id.unique())
+    assert (done[done.backend == "torch.recurrent"].status == "PASS").all()
+    assert (lost[lost.backend == "torch.recurrent"].status == "PASS").all()  # measured before the loss
+    assert (rest.status == "ERROR").all()
+    reason = rest.error.iloc[0]
+    assert reason.startswith("not run: the GPU context was lost during case " + lost.case_id.iloc[0])
+    assert "fake.raises: RuntimeError: boom" in reason
+    meta = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert meta["status"] == "device lost" and meta["device_lost"] in reason
+
+
 def test_timeout_becomes_a_row(tmp_path):
     suite = write_suite(tmp_path, ["tests.fake_backends:slow", "torch.chunk"], cases=CASES[:1],
                         timing={**FAST, "timeout_s": 2.0})

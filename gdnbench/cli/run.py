@@ -12,7 +12,7 @@ import torch
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gdnbench import provenance
+from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.report import render
 from gdnbench.results import RunDir, load_run
@@ -118,7 +118,17 @@ def run(
                 rows, samples = run_case(case, chosen, suite, opts, on_step=step)
                 run_dir.add_case(rows, samples)
                 progress.advance(task, len(chosen))
-        meta["status"] = "complete"
+                lost = runner.device_lost(dev)
+                if lost:
+                    culprit = next((f"{r['backend']}: {r['error']}" for r in rows if r.get("status") == "ERROR"), lost)
+                    reason = f"the GPU context was lost during case {case.id} ({culprit}); rerun without that backend"
+                    err_console.print(reason, style="bold red", markup=False, highlight=False)
+                    for rest in cases[cases.index(case) + 1:]:
+                        run_dir.add_case(runner.not_run_rows(rest, chosen, suite, dev, reason), [])
+                    meta.update(status="device lost", device_lost=reason)
+                    break
+            else:
+                meta["status"] = "complete"
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
     finally:
@@ -135,4 +145,5 @@ def run(
     if meta["status"] == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
     failing = {"FAIL", "NAN"} | ({"ERROR", "OOM", "TIMEOUT"} if strict else set())
-    raise typer.Exit(EXIT_FAIL if df["status"].isin(failing).any() else EXIT_OK)
+    broken = meta["status"] == "device lost" or df["status"].isin(failing).any()
+    raise typer.Exit(EXIT_FAIL if broken else EXIT_OK)
