@@ -350,8 +350,11 @@ def _configs(candidates: list[tuple[int, int, int]]) -> list[triton.Config]:
 
 
 # the parallelism tier (see state_tier) is a key; BV 16 for tier 0 only (_state_prune_by_tier)
-STATE_CONFIGS = _configs([(16, 4, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)])
-OUTPUT_CONFIGS = _configs([(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)])
+# (the GPU's candidate tuples are kept for the tests, which force each one under the interpreter)
+STATE_CANDIDATES = [(16, 4, 3), (32, 4, 2), (32, 4, 3), (64, 4, 2), (64, 4, 3)]
+OUTPUT_CANDIDATES = [(64, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)]
+STATE_CONFIGS = _configs(STATE_CANDIDATES)
+OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 
 
 @triton.jit
@@ -444,6 +447,7 @@ class ChunkLayout:
     N: int  # sequences
     NT: int  # chunks over all sequences
     max_len: int  # the longest sequence, in tokens
+    tokens: int  # B * T: the token-indexed buffers' length, which every sequence bound stays within
     cu_seqlens: Tensor  # [N + 1] int64
     chunk_indices: Tensor  # [NT, 2] int32: (sequence, chunk within it), sequence-major
     chunk_offsets: Tensor  # [N + 1] int32: global index of each sequence's first chunk
@@ -465,7 +469,7 @@ class ChunkLayout:
             offsets.append(offsets[-1] + c)
         indices = [(n, c) for n, count in enumerate(chunks) for c in range(count)]
         return cls(
-            N=len(lens), NT=offsets[-1], max_len=max(lens),
+            N=len(lens), NT=offsets[-1], max_len=max(lens), tokens=B * T,
             cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device),
             chunk_indices=torch.tensor(indices, dtype=torch.int32, device=device).reshape(-1, 2),
             chunk_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
@@ -571,8 +575,10 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
     elif g is None or beta is None or g.shape != (B, T, HV) or beta.shape != (B, T, HV):
         raise ValueError("g and beta [B, T, HV] are required (or a, b, A_log, dt_bias for raw gating)")
     lay = ChunkLayout.build(B, T, cu_seqlens, q.device) if layout is None else layout
-    if layout is not None and (layout.cu_seqlens.numel() != lay.N + 1 or
+    if layout is not None and (layout.cu_seqlens.numel() != lay.N + 1 or lay.tokens != B * T or
+                               tuple(lay.chunk_indices.shape) != (lay.NT, 2) or lay.chunk_offsets.numel() != lay.N + 1 or
                                (cu_seqlens is None and lay.N != B) or (cu_seqlens is not None and B != 1)):
+        # a layout of a longer batch would send every kernel past the ends of this one's buffers
         raise ValueError("layout does not describe this batch")
     if lay.max_len * HV * max(K, V, CHUNK) >= 2**31:
         # tiles index rows inside a sequence in int32 (64-bit pointer math per element costs registers)

@@ -56,13 +56,15 @@ FUSE_OUTPUT_MAX_LEN = 1024
 
 # The state pass with the output fused in (fuse_output; without it, chunk's state pass runs): 8 warps
 # among the candidates, as it holds q, k, Q K^T and the state at once
-STATE_CONFIGS = _configs([(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 3)])
+STATE_CANDIDATES = [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 3)]
+STATE_CONFIGS = _configs(STATE_CANDIDATES)
 _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
 
 # (BV of U's column blocks, warps, stages): see the module docstring
-PREP_CONFIGS = _configs([(64, 8, 2), (64, 4, 1), (32, 4, 1)])
+PREP_CANDIDATES = [(64, 8, 2), (64, 4, 1), (32, 4, 1)]
+PREP_CONFIGS = _configs(PREP_CANDIDATES)
 
 
 @triton.autotune(configs=PREP_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _bv_prune})

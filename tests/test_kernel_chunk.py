@@ -85,6 +85,19 @@ KERNEL_CASES = [
     make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}
+
+# Run with every tensor a kernel touches (inputs, layout, workspace, outputs) inside a larger buffer whose
+# margins hold a sentinel (NaN, a huge int), once per block width (BV) among the GPU's candidates of every
+# autotuned kernel: a write outside a tensor changes a margin, an unmasked read outside one poisons the
+# outputs. (An illegal address that chunk_fused's prep kernel hit on an H100 inside a full run was never
+# reproduced under compute-sanitizer; these runs rule out the kernels' own index and mask logic.)
+GUARD_CASES = [
+    make("guard-padded-T70-K64-mask0.5-bf16", B=2, T=70, H=1, HV=2, dtype="bf16", mask_p=0.5),
+    make("guard-varlen-K60", seqs=[37, 64, 0, 70, 1], K=60, V=60, dtype="fp16", h0=True),
+    make("guard-K100-V128-gva2-raw-l2", seqs=[5, 66], K=100, V=128, raw=True, l2=True),
+]
+GUARD = 2048  # sentinel elements before and after every tensor
+
 STAGES = ("gc", "Ai", "W", "U", "v_new", "h")  # what a workspace may hold, compared with the reference
 
 
@@ -131,9 +144,105 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                 res = {"error": f"{type(e).__name__}: {e}"}
             results[(case["name"], variant)] = res
     t0 = time.perf_counter()
+    results["guards"] = _guarded_runs(chunk, chunk_fused)
+    results["guards"]["s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:], "s": time.perf_counter() - t0}
     torch.save(results, outputs)
+
+
+def guard_rounds(chunk, chunk_fused) -> int:
+    """How many guarded runs per case and variant: one per block width (BV) of the kernel with the most;
+    the interpreter runs no warps or stages, so a candidate's BV is all that changes what it does."""
+    lists = (chunk_fused.PREP_CANDIDATES, chunk_fused.STATE_CANDIDATES, chunk.STATE_CANDIDATES, chunk.OUTPUT_CANDIDATES)
+    return max(len({bv for bv, _, _ in c}) for c in lists)
+
+
+def _guarded_runs(chunk, chunk_fused) -> dict:
+    """Each GUARD_CASES case through chunk_gdn and chunk_fused_gdn (output fused and not), every tensor
+    guarded, in ``guard_rounds`` rounds (round i: each autotuned kernel forced to its i-th block width):
+    the number of runs and what went wrong, by run."""
+    import triton
+
+    bufs: list[tuple[torch.Tensor, int, float]] = []
+
+    def guarded(x: torch.Tensor | None = None, *, shape=None, dtype=None) -> torch.Tensor:
+        shape, dtype = (x.shape, x.dtype) if x is not None else (shape, dtype)
+        sentinel = float("nan") if dtype.is_floating_point else 2**30 + 7
+        n = 1
+        for s in shape:
+            n *= s
+        big = torch.full((n + 2 * GUARD,), sentinel, dtype=dtype)
+        view = big[GUARD:GUARD + n].view(*shape)
+        if x is not None:
+            view.copy_(x)
+        bufs.append((big, n, sentinel))
+        return view
+
+    def intact(big: torch.Tensor, n: int, sentinel: float) -> bool:
+        margins = torch.cat([big[:GUARD], big[GUARD + n:]])
+        return bool(torch.isnan(margins).all()) if big.dtype.is_floating_point else bool((margins == sentinel).all())
+
+    tuned = {"prep": (chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES),
+             "fused-state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
+             "state": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES),
+             "output": (chunk._chunk_output_kernel, chunk.OUTPUT_CANDIDATES)}
+    saved = {name: (kernel.configs, kernel.__dict__.get("best_config")) for name, (kernel, _) in tuned.items()}
+    rounds = guard_rounds(chunk, chunk_fused)
+    problems: dict[str, str] = {}
+    runs = 0
+    try:
+        for case in GUARD_CASES:
+            kw = dict(case["kw"])
+            q, v = kw["q"], kw["v"]
+            (B, T, H, K), (HV, V) = q.shape, v.shape[2:]
+            lay0 = chunk.ChunkLayout.build(B, T, kw.get("cu_seqlens"), q.device)
+            for i in range(rounds):  # round i: every kernel's i-th block width (its last once its list ends)
+                for kernel, candidates in tuned.values():
+                    widths = sorted({bv for bv, _, _ in candidates})
+                    kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
+                    kernel.cache.clear()
+                for variant, stages, fuse in (("chunk", True, False), ("fused", False, False), ("fused-out", False, True)):
+                    bufs.clear()
+                    lay = chunk.ChunkLayout(N=lay0.N, NT=lay0.NT, max_len=lay0.max_len, tokens=lay0.tokens,
+                                            cu_seqlens=guarded(lay0.cu_seqlens), chunk_indices=guarded(lay0.chunk_indices),
+                                            chunk_offsets=guarded(lay0.chunk_offsets))
+                    args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
+                            for name, x in kw.items()}
+                    args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else lay.cu_seqlens
+                    f32, dt, BT = torch.float32, q.dtype, B * T
+                    ws = chunk.ChunkWorkspace(
+                        gc=guarded(shape=(BT, HV), dtype=f32), W=guarded(shape=(BT, HV, K), dtype=dt),
+                        U=guarded(shape=(BT, HV, V), dtype=dt), A_diag=guarded(shape=(BT, HV, 16), dtype=f32),
+                        beta=guarded(shape=(BT, HV), dtype=f32) if stages and "a" in kw else None,
+                        Ai=guarded(shape=(BT, HV, chunk.CHUNK), dtype=dt) if stages else None,
+                        v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
+                        h=None if fuse else guarded(shape=(lay.NT, HV, K, V), dtype=dt),
+                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32))
+                    out = guarded(shape=v.shape, dtype=dt)
+                    common = dict(layout=lay, out=out, workspace=ws)
+                    if variant == "chunk":
+                        o, final = chunk.chunk_gdn(**args, **common)
+                    else:
+                        o, final = chunk_fused.chunk_fused_gdn(**args, **common, fuse_output=fuse)
+                    run = f"{case['name']} {variant} " + ", ".join(
+                        f"{name}={kernel.configs[0].kwargs['BV']}"
+                        for name, (kernel, _) in tuned.items())
+                    runs += 1
+                    if not all(intact(*b) for b in bufs):
+                        problems[run] = "a guard margin was written"
+                    elif not (torch.isfinite(o).all() and torch.isfinite(final).all()):
+                        problems[run] = "non-finite outputs (a read outside a tensor)"
+    finally:
+        for name, (kernel, _) in tuned.items():  # as they were, for the CLI run (its rows name the configs)
+            kernel.configs, best = saved[name]
+            kernel.cache.clear()
+            if best is None:
+                kernel.__dict__.pop("best_config", None)
+            else:
+                kernel.best_config = best
+    return {"runs": runs, "problems": problems}
 
 
 if __name__ == "__main__":
@@ -264,6 +373,15 @@ def test_kernel_matches_the_references(interpreted, name, variant):
         assert rel(h, ref_h) < STAGE_TOL[dt], rel(h, ref_h)
 
 
+def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
+    """Every GPU candidate config of every autotuned kernel, both variants, guarded tensors (_guarded_runs)."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    guards = interpreted["guards"]
+    assert guards["runs"] == len(GUARD_CASES) * guard_rounds(chunk, chunk_fused) * 3
+    assert guards["problems"] == {}
+
+
 def test_cases_cover_the_issue():
     """Tails shorter than a chunk, several sequences (one empty), GVA 2, head dims 60/64/16, strong and
     weak decay with masking, raw gating reaching softplus's tails, in-kernel L2 norm, both output paths."""
@@ -312,6 +430,17 @@ def test_layout_lists_chunks_per_sequence():
     assert padded.cu_seqlens.tolist() == [0, 65, 130, 195] and padded.NT == 6
     with pytest.raises(ValueError, match="end at T=200"):
         ChunkLayout.build(1, 200, torch.tensor([0, 70, 190]), CPU)
+
+
+def test_a_layout_of_another_batch_is_rejected():
+    """A padded layout only says B sequences: one built for a longer T must not reach the kernels, whose
+    bounds would then run past the ends of every token-indexed buffer."""
+    from gdnbench_kernels import chunk
+
+    kw = BY_NAME["padded-T100-gva2-K64-h0"]["kw"]
+    for lay in (chunk.ChunkLayout.build(2, 1000, None, CPU), chunk.ChunkLayout.build(2, 64, None, CPU)):
+        with pytest.raises(ValueError, match="layout does not describe this batch"):
+            chunk.chunk_gdn(**kw, layout=lay)
 
 
 @pytest.mark.parametrize("bad, needle", [
