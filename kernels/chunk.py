@@ -79,6 +79,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
 
 __all__ = ["chunk_gdn", "ChunkLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe"]
@@ -559,21 +560,8 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
            layout: ChunkLayout | None, qk_l2norm: bool, out: Tensor | None, workspace: ChunkWorkspace | None,
            stages: bool, fuse_output: bool) -> _Args:
     """Validate a launch of either variant and fill in its layout, workspace and output."""
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if k.shape != q.shape or v.shape[:2] != (B, T) or HV % H:
-        raise ValueError(f"bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if max(K, V) > 256:
-        raise ValueError(f"head dims up to 256 (one key tile per chunk), got K={K}, V={V}")
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one of bf16/fp16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if a is not None:
-        if b is None or A_log is None or dt_bias is None or g is not None or beta is not None:
-            raise ValueError("raw gating takes a, b, A_log and dt_bias (and no g, beta)")
-        if a.shape != (B, T, HV) or b.shape != (B, T, HV) or A_log.shape != (HV,) or dt_bias.shape != (HV,):
-            raise ValueError("a, b must be [B, T, HV] and A_log, dt_bias [HV]")
-    elif g is None or beta is None or g.shape != (B, T, HV) or beta.shape != (B, T, HV):
-        raise ValueError("g and beta [B, T, HV] are required (or a, b, A_log, dt_bias for raw gating)")
+    B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
+                                     head_dim_limit="one key tile per chunk")
     lay = ChunkLayout.build(B, T, cu_seqlens, q.device) if layout is None else layout
     if layout is not None and (layout.cu_seqlens.numel() != lay.N + 1 or lay.tokens != B * T or
                                tuple(lay.chunk_indices.shape) != (lay.NT, 2) or lay.chunk_offsets.numel() != lay.N + 1 or
@@ -593,10 +581,7 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
     if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype:
         raise ValueError(f"workspace does not fit this call (missing {missing})" if missing
                          else "workspace was allocated for another problem size or dtype")
-    if out is None:
-        out = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
-    elif out.shape != (B, T, HV, V) or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [B, T, HV, V] tensor of dtype {q.dtype}")
+    out = output_buffer(out, q, B, T, HV, V)
 
     def flat(x: Tensor | None) -> Tensor | None:
         return None if x is None else x.contiguous()

@@ -54,6 +54,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .inputs import check_inputs, output_buffer
+
 __all__ = ["recurrent_gdn", "tune_key", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
 
 # Triton decides between compiling and interpreting when a kernel is decorated, i.e. at this module's
@@ -329,20 +331,9 @@ def recurrent_gdn(
     ``out``: an optional preallocated o.
     Returns (o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] (or V, K) fp32, or None).
     """
-    B, T, H, K = q.shape
-    HV, V = v.shape[2], v.shape[3]
-    if k.shape != q.shape or v.shape[:2] != (B, T) or HV % H:
-        raise ValueError(f"bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if max(K, V) > 256:
-        raise ValueError(f"head dims up to 256 (the state tile lives in registers), got K={K}, V={V}")
+    B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
+                                     head_dim_limit="the state tile lives in registers")
     raw = a is not None
-    if raw:
-        if b is None or A_log is None or dt_bias is None or g is not None or beta is not None:
-            raise ValueError("raw gating takes a, b, A_log and dt_bias (and no g, beta)")
-        if a.shape != (B, T, HV) or b.shape != (B, T, HV) or A_log.shape != (HV,) or dt_bias.shape != (HV,):
-            raise ValueError("a, b must be [B, T, HV] and A_log, dt_bias [HV]")
-    elif g is None or beta is None or g.shape != (B, T, HV) or beta.shape != (B, T, HV):
-        raise ValueError("g and beta [B, T, HV] are required (or a, b, A_log, dt_bias for raw gating)")
     if cu_seqlens is not None:
         if B != 1:
             raise ValueError(f"varlen (cu_seqlens) needs B == 1, got B={B}")
@@ -375,10 +366,7 @@ def recurrent_gdn(
         a, b, A_log, dt_bias = a.contiguous(), b.contiguous(), A_log.contiguous(), dt_bias.contiguous()
     else:
         g, beta = g.contiguous(), beta.contiguous()
-    if out is None:
-        out = torch.empty(B, T, HV, V, dtype=q.dtype, device=q.device)
-    elif out.shape != (B, T, HV, V) or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [B, T, HV, V] tensor of dtype {q.dtype}")
+    out = output_buffer(out, q, B, T, HV, V)
     h0 = initial_state.contiguous().float() if initial_state is not None and not is_pool else None
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
