@@ -22,17 +22,16 @@ import importlib
 import pandas as pd
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
 from gdnbench.backends import registry
-from gdnbench.reference import chunk_intermediates, gate_from_raw, gdn_recurrent, l2norm
+from gdnbench.reference import chunk_intermediates, gate_from_raw, gdn_recurrent
 from gdnbench.suite import Case
+from tests.kernel_inputs import kernel_inputs
 from tests.sm90 import compile_sm90
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ONCE = {"min_samples": 1, "max_samples": 1, "min_time_s": 0.0, "max_time_s": 0.01, "warmup": 1}
 SUITE_CASES = [
     {"B": 1, "T": 70, "H": 1, "HV": 2, "D": 16, "qk_l2norm": "kernel", "initial_state": "random", "dtype": "fp32"},
@@ -50,26 +49,9 @@ def make(name: str, *, B=1, T=70, H=1, HV=2, K=64, V=64, dtype="fp32", seqs=None
     """One case's inputs (FLA's recipe: q/k ~ U(0, 1), pre-normalised unless ``l2``; g log-sigmoid /
     gate_norm, zeroed with probability mask_p). Runs chunk_gdn, and chunk_fused_gdn with ``fuse_output``."""
     gen = torch.Generator().manual_seed(seed)
-    dt = DT[dtype]
-    if seqs is not None:
-        B, T = 1, sum(seqs)
-    q, k = torch.rand(B, T, H, K, generator=gen), torch.rand(B, T, H, K, generator=gen)
-    if not l2:
-        q, k = l2norm(q), l2norm(k)
-    kw = dict(q=q.to(dt), k=k.to(dt), v=torch.rand(B, T, HV, V, generator=gen).to(dt), scale=K**-0.5,
-              qk_l2norm=l2, output_final_state=final)
-    if raw:
-        a = torch.randn(B, T, HV, generator=gen) * 4
-        a.view(-1)[:3] = torch.tensor([25.0, -30.0, 19.5])  # softplus's linear branch and its tiny tail
-        kw.update(a=a.to(dt), b=torch.randn(B, T, HV, generator=gen).to(dt),
-                  A_log=torch.log(torch.empty(HV).uniform_(1, 16, generator=gen)), dt_bias=torch.rand(HV, generator=gen))
-    else:
-        g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / gate_norm
-        g = g.masked_fill(torch.rand(B, T, HV, generator=gen) < mask_p, 0.0)
-        kw.update(g=g, beta=torch.sigmoid(torch.rand(B, T, HV, generator=gen)).to(dt))
-    N = len(seqs) if seqs is not None else B
-    if seqs is not None:
-        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int64)
+    kw, N = kernel_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, dtype=dtype, seqs=seqs, raw=raw, l2=l2,
+                          gate_norm=gate_norm, mask_p=mask_p)
+    kw["output_final_state"] = final
     if h0:
         kw["initial_state"] = torch.randn(N, HV, K, V, generator=gen)
     return {"name": name, "kw": kw, "fuse_output": fuse_output}
@@ -196,7 +178,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
         for case in GUARD_CASES:
             kw = dict(case["kw"])
             q, v = kw["q"], kw["v"]
-            (B, T, H, K), (HV, V) = q.shape, v.shape[2:]
+            (B, T, _, K), (HV, V) = q.shape, v.shape[2:]
             lay0 = chunk.ChunkLayout.build(B, T, kw.get("cu_seqlens"), q.device)
             for i in range(rounds):  # round i: every kernel's i-th block width (its last once its list ends)
                 for kernel, candidates in tuned.values():

@@ -20,17 +20,16 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
 from gdnbench.backends import registry
-from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, l2norm, start_slots
+from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, start_slots
 from gdnbench.suite import Case
+from tests.kernel_inputs import DT, kernel_inputs
 from tests.sm90 import compile_sm90
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # one timed sample: the interpreter is for correctness, not speed
 ONCE = {"min_samples": 1, "max_samples": 1, "min_time_s": 0.0, "max_time_s": 0.01, "warmup": 1}
 SUITE_CASES = [
@@ -53,25 +52,7 @@ def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None,
          default_out=False, seed=0) -> dict:
     """One kernel call's inputs: q/k ~ U(0, 1) (pre-normalised unless ``l2``), log-sigmoid decays."""
     gen = torch.Generator().manual_seed(seed)
-    dt = DT[dtype]
-    if seqs is not None:
-        B, T = 1, sum(seqs)
-    q, k = torch.rand(B, T, H, K, generator=gen), torch.rand(B, T, H, K, generator=gen)
-    if not l2:
-        q, k = l2norm(q), l2norm(k)
-    kw = dict(q=q.to(dt), k=k.to(dt), v=torch.rand(B, T, HV, V, generator=gen).to(dt), scale=K**-0.5,
-              qk_l2norm=l2)
-    if raw:
-        a = torch.randn(B, T, HV, generator=gen) * 4
-        a.view(-1)[:3] = torch.tensor([25.0, -30.0, 19.5])  # softplus's linear branch and its tiny tail
-        kw.update(a=a.to(dt), b=torch.randn(B, T, HV, generator=gen).to(dt),
-                  A_log=torch.log(torch.empty(HV).uniform_(1, 16, generator=gen)), dt_bias=torch.rand(HV, generator=gen))
-    else:
-        kw.update(g=F.logsigmoid(torch.rand(B, T, HV, generator=gen)),
-                  beta=torch.sigmoid(torch.rand(B, T, HV, generator=gen)).to(dt))
-    N = len(seqs) if seqs is not None else B
-    if seqs is not None:
-        kw["cu_seqlens"] = torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()], dtype=torch.int64)
+    kw, N = kernel_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, dtype=dtype, seqs=seqs, raw=raw, l2=l2)
     if v_first:  # every state [.., V, K]
         kw["v_first"] = True
         K, V = V, K
