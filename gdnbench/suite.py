@@ -54,7 +54,8 @@ class Case(_Strict):
     gating: Literal["pre", "raw"] = "pre"
     initial_state: Literal["none", "zeros", "random"] | None = None
     output_final_state: bool = True
-    pool_size: int | None = Field(None, ge=1, description="decode: state pool slots (default B; B*T with per_token_slots)")
+    pool_size: int | None = Field(None, ge=1,
+                                  description="decode: state pool slots (default B; B*T with per_token_slots)")
     slots: Literal["contiguous", "scattered"] = "contiguous"
     per_token_slots: bool = Field(
         False, description="decode, T >= 2 (speculative verify): slot_idx is [B, T], the state after token t "

@@ -383,7 +383,8 @@ def recurrent_gdn(
             q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, num_accepted_tokens, cu_seqlens,
             scale, T, key[-1],
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
-            STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw, L2NORM=qk_l2norm,
+            STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
+            L2NORM=qk_l2norm,
         )
 
     # triton's autotuner caches on its key values plus the dtype of every tensor argument: the same

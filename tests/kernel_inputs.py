@@ -29,7 +29,8 @@ def kernel_inputs(gen: torch.Generator, *, B: int, T: int, H: int, HV: int, K: i
         a = torch.randn(B, T, HV, generator=gen) * 4
         a.view(-1)[:3] = torch.tensor([25.0, -30.0, 19.5])  # softplus's linear branch and its tiny tail
         kw.update(a=a.to(dt), b=torch.randn(B, T, HV, generator=gen).to(dt),
-                  A_log=torch.log(torch.empty(HV).uniform_(1, 16, generator=gen)), dt_bias=torch.rand(HV, generator=gen))
+                  A_log=torch.log(torch.empty(HV).uniform_(1, 16, generator=gen)),
+                  dt_bias=torch.rand(HV, generator=gen))
     else:
         g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / gate_norm
         if mask_p > 0:
