@@ -13,12 +13,11 @@ Two or three launches instead of five:
   2. ``chunk``'s state pass, the same autotuned kernel and candidates (a list of its own, BV 16 and
      8 warps among them, made this pass 450 us at B=1 T=16384 HV=32 on an H100 against ``chunk``'s
      314 us).
-  3. ``chunk``'s output pass; or, for short sequences (``fuse_output``, default: every sequence at
-     most FUSE_OUTPUT_MAX_LEN tokens), the outputs are computed inside the state pass, which then
-     has its own candidate list (8 warps among them): one launch less and no h / v_new round trip,
-     paid for with Q K^T recomputed once per V-block and no parallelism over chunks, which only
-     long sequences need (measured on an H100: 29 us for the fused pass vs 32 for the two kernels
-     at B=16 T=512 K=64, 36 vs 42.5 at K=128).
+  3. ``chunk``'s output pass; or, for many short sequences of about equal length at K = 128
+     (``fuse_output``, default: see FUSE_OUTPUT_MAX_LEN), the outputs are computed inside the state
+     pass, which then has its own candidate list (8 warps among them): one launch less and no
+     h / v_new round trip, paid for with Q K^T recomputed once per V-block and no parallelism over
+     chunks.
 
 What each should buy on Hopper: (1) the sum of ``chunk``'s (a)-(c) minus the Ai write and read
 (2 x 64 x 2 bytes per token and head in bf16) and two launches; the old prep kernel (ten 16-row
@@ -48,11 +47,21 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, _bv_prune, _cast, _chunk
                     _state_and_output, _state_prune, _wu_store)
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "FUSE_OUTPUT_MAX_LEN", "describe"]
+__all__ = ["chunk_fused_gdn", "fuse_output_default", "describe"]
 
-# Output fused into the state pass when no sequence is longer than this (16 chunks): a guess to be
-# tuned on a GPU; past it the parallel output pass's extra launch is cheap next to the sequential walk.
-FUSE_OUTPUT_MAX_LEN = 1024
+# When the output pass folds into the state pass by default (fuse_output_default). The fused pass
+# walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
+# with programs enough to fill the GPU, sequences of about equal length and the wide K = 128 tile.
+# Measured on an H100 (bf16, interleaved graph timing, multi-kernel output pass vs fused, us):
+#   K = 128, padded, N*HV 64..512, T 64..2048: 77.6 vs 71.2, 83.7 vs 77.2, 90.9 vs 85.8, 96.9 vs 90.2,
+#       145.9 vs 128.6 (B=8 T=1024), 566 vs 479 (B=16 T=1024 HV=16), 271 vs 240 (B=2 T=2048 HV=32);
+#   K = 128, varlen N*HV 128 and 256 (longest sequence 4x the mean): 69.7 vs 83.6, 94.9 vs 96.6;
+#   K = 64, padded, N*HV 64..512: 48.0 vs 52.2, 79.6 vs 79.7, 79.3 vs 85.2, 83.6 vs 87.3;
+#   N*HV 6..16 (parity's small cases, any K): fused 10-70% slower.
+FUSE_OUTPUT_MAX_LEN = 2048  # tokens of the longest sequence
+FUSE_OUTPUT_MIN_HEADS = 64  # (sequence, value head) pairs
+FUSE_OUTPUT_MIN_K = 128
+FUSE_OUTPUT_MAX_IMBALANCE = 1.25  # longest sequence / mean length
 
 # The state pass with the output fused in (fuse_output; without it, chunk's state pass runs): 8 warps
 # among the candidates, as it holds q, k, Q K^T and the state at once
@@ -62,8 +71,12 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
 
-# (BV of U's column blocks, warps, stages): see the module docstring
-PREP_CANDIDATES = [(64, 8, 2), (64, 4, 1), (32, 4, 1)]
+# (BV of U's column blocks, warps, stages): see the module docstring. Not (32, 4, 1): triton 3.6 builds
+# it with a W/U dot that reads past the program's shared memory (compute-sanitizer on an H100: "Invalid
+# __shared__ read of size 1024 bytes" at _dot, V = 60 and 100); the autotuner picked it as the fastest,
+# and under graph replay it returned NaN or hit an illegal address. tests/test_kernel_chunk_gpu.py runs
+# every candidate under graph replay.
+PREP_CANDIDATES = [(64, 8, 2), (64, 4, 1)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES)
 
 
@@ -82,9 +95,11 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
     _wu_store(_cast(b_ai, b_k.dtype), b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
 
 
-def fuse_output_default(layout: ChunkLayout) -> bool:
-    """Whether the output pass folds into the state pass by default: short sequences only."""
-    return layout.max_len <= FUSE_OUTPUT_MAX_LEN
+def fuse_output_default(layout: ChunkLayout, HV: int, K: int) -> bool:
+    """Whether the output pass folds into the state pass by default: many short sequences of about
+    equal length, K >= 128 (see FUSE_OUTPUT_MAX_LEN)."""
+    return (layout.max_len <= FUSE_OUTPUT_MAX_LEN and layout.N * HV >= FUSE_OUTPUT_MIN_HEADS
+            and K >= FUSE_OUTPUT_MIN_K and layout.max_len * layout.N <= FUSE_OUTPUT_MAX_IMBALANCE * layout.tokens)
 
 
 def chunk_fused_gdn(
@@ -111,10 +126,10 @@ def chunk_fused_gdn(
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
     fuse_output=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
-    None: ``fuse_output_default(layout)``.
+    None: ``fuse_output_default(layout, HV, K)``.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
-    fuse = fuse_output_default(lay) if fuse_output is None else fuse_output
+    fuse = fuse_output_default(lay, v.shape[2], q.shape[3]) if fuse_output is None else fuse_output
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
                out=out, workspace=workspace, stages=False, fuse_output=fuse)

@@ -389,9 +389,26 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
         assert ran.path.str.contains("triton interpreter").all() and ran.path.str.contains("BV=32 w4").all()
         assert ran.path.str.contains("raw gating fused").sum() == 1
         assert set(rows[rows.status == "SKIP"].error) == {f"{name}: head dims up to 256, case has K=512, V=512"}
-    assert df[df.backend == "triton.chunk_fused"].path.str.contains("output fused").sum() == 2  # short sequences
+    # few heads and K < 128: fuse_output_default keeps the parallel output pass
+    assert not df[df.backend == "triton.chunk_fused"].path.str.contains("output fused").any()
     fused = df[(df.backend == "triton.chunk_fused") & (df.status != "SKIP")]
     assert fused.path.str.contains("prep[BV=32 w4", regex=False).all()  # the interpreter's one prep config
+
+
+@pytest.mark.parametrize("B,T,seqs,HV,K,fused", [
+    (8, 512, None, 8, 128, True),  # 64 sequence-heads of 8 chunks, K = 128
+    (8, 512, None, 8, 64, False),  # K = 64: the output pass is cheap enough
+    (4, 512, None, 8, 128, False),  # 32 pairs: too few programs for a sequential walk
+    (2, 4096, None, 32, 128, False),  # sequences past FUSE_OUTPUT_MAX_LEN
+    (1, 0, [100] * 15 + [500], 8, 128, False),  # the longest sequence would hold up the pass
+    (1, 0, [100] * 16, 8, 128, True),
+])
+def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, fused):
+    from gdnbench_kernels import chunk, chunk_fused
+
+    cu = None if seqs is None else torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()])
+    layout = chunk.ChunkLayout.build(B, T if seqs is None else sum(seqs), cu, CPU)
+    assert chunk_fused.fuse_output_default(layout, HV, K) is fused
 
 
 def test_interpreted_run_time(interpreted):
