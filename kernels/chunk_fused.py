@@ -15,9 +15,8 @@ Two or three launches instead of five:
      314 us).
   3. ``chunk``'s output pass; or, for many short sequences of about equal length at K = 128
      (``fuse_output``, default: see FUSE_OUTPUT_MAX_LEN), the outputs are computed inside the state
-     pass, which then has its own candidate list (8 warps among them): one launch less and no
-     h / v_new round trip, paid for with Q K^T recomputed once per V-block and no parallelism over
-     chunks.
+     pass, which then has its own candidate list: one launch less and no h / v_new round trip,
+     paid for with Q K^T recomputed once per V-block and no parallelism over chunks.
 
 What each should buy on Hopper: (1) the sum of ``chunk``'s (a)-(c) minus the Ai write and read
 (2 x 64 x 2 bytes per token and head in bf16) and two launches; the old prep kernel (ten 16-row
@@ -28,12 +27,11 @@ old solve (425 us) mostly in the inverse's serial chain; (3) another launch and 
 on short sequences. The chunk-parallel state pass (per-chunk transitions combined by a scan) would
 attack B=1 T=65536 further and is not implemented.
 
-The prep kernel is autotuned (PREP_CONFIGS) between one 8-warp program per SM and two 4-warp
-ones, whose latency-bound inverses overlap. Registers at K = V = 128 bf16 on sm_90 (as the JIT
-specializes, see ``chunk``), no spills anywhere: 196 at 8 warps, BV 64, 2 stages (one program per
-SM); 201 at 4 warps, BV 64, 1 stage (two per SM; 255 with raw gating and the in-kernel L2
-norm). Shared code (device functions, the state and output kernels, validation, the layout and
-workspace) lives in ``chunk``.
+The prep kernel runs 4-warp programs, two per SM, whose latency-bound inverses overlap (an 8-warp
+program per SM was 1.05-1.4x slower in every case measured, see PREP_CANDIDATES). Registers at
+K = V = 128 bf16 on sm_90 (as the JIT specializes, see ``chunk``), no spills: 201 at 4 warps, BV 64,
+1 stage (255 with raw gating and the in-kernel L2 norm). Shared code (device functions, the state
+and output kernels, validation, the layout and workspace) lives in ``chunk``.
 """
 
 from __future__ import annotations
@@ -63,9 +61,11 @@ FUSE_OUTPUT_MIN_HEADS = 64  # (sequence, value head) pairs
 FUSE_OUTPUT_MIN_K = 128
 FUSE_OUTPUT_MAX_IMBALANCE = 1.25  # longest sequence / mean length
 
-# The state pass with the output fused in (fuse_output; without it, chunk's state pass runs): 8 warps
-# among the candidates, as it holds q, k, Q K^T and the state at once
-STATE_CANDIDATES = [(16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 8, 3)]
+# The state pass with the output fused in (fuse_output; without it, chunk's state pass runs). Each of
+# these won somewhere when every config was forced on an H100 (whole call, graph timer, us): B=64 T=64
+# D=128: 81.3 at (64, 4, 1), 89.6 at (32, 4, 2); B=8 T=512 D=128: 70.0 at (64, 8, 3), 74.8 at
+# (64, 4, 2). BV 16 (4 warps) and (32, 8, 2), dropped, were 1.1-1.5x slower everywhere; so were 2 warps.
+STATE_CANDIDATES = [(32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 8, 3)]
 STATE_CONFIGS = _configs(STATE_CANDIDATES)
 _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
@@ -75,8 +75,10 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
 # it with a W/U dot that reads past the program's shared memory (compute-sanitizer on an H100: "Invalid
 # __shared__ read of size 1024 bytes" at _dot, V = 60 and 100); the autotuner picked it as the fastest,
 # and under graph replay it returned NaN or hit an illegal address. tests/test_kernel_chunk_gpu.py runs
-# every candidate under graph replay.
-PREP_CANDIDATES = [(64, 8, 2), (64, 4, 1)]
+# every candidate under graph replay. Forced one by one on an H100 (whole call, graph timer, us), on
+# parity's B=16 T=512 D=64 / B=8 T=512 D=128 and B=1 T=16384 HV=32 D=128: (64, 4, 1) 79.5 / 70.4 / 986,
+# (128, 4, 1) 82.1 / 68.1 / 974; dropped: (64, 8, 2) 111.6 / 90.8 / 1321, 2 warps 90.8 / 72.3 / 1069.
+PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES)
 
 

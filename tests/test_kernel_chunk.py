@@ -278,8 +278,8 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, L2NORM=True,
                                           IEEE=False, BV=16, h=None, v_new=None, h0=None), 4),
         ("chunk", "_chunk_output_kernel", dict(shape, L2NORM=True, IEEE=False, BV=64), 4),
-        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
-                                                   b=None, A_log=None, dt_bias=None), 8),
+        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=128, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
+                                                   b=None, A_log=None, dt_bias=None), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
                                                    beta=None), 4),
     ]
