@@ -40,6 +40,10 @@ large batch (32, 8). A pool launch is tuned once per key on a scratch
 copy of its slots, never on the live pool. Under the Triton interpreter there is one config (BV 32,
 4 warps) and no tuning. The config that ran is recorded: ``best_config(tune_key(...))``.
 
+Several tokens per sequence (T > 1 or varlen: ``PREFETCH``): token t + 1's inputs are loaded before
+token t's math and stores, so a sequence waits for one load latency instead of one per token (a load
+after the store of o cannot be moved above it by the compiler). One token (decode) keeps the plain loop.
+
 Register pressure note: the state tile's pointers and masks are rebuilt for the final store rather
 than kept live across the token loop (ptxas, sm_90, K = V = 128, BV 32, 4 warps: 96 registers instead
 of 168).
@@ -128,6 +132,17 @@ def _softplus(x):
     return tl.where(x > 20.0, x, lp)
 
 
+@triton.jit
+def _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, n_k, n_v, has):
+    """One token's q, k [BK], v [BV] and two gate inputs, fp32; only the first n_k / n_v entries of
+    q, k / v and, if ``has``, the gate inputs are read (the rest are 0)."""
+    return (tl.load(p_q, mask=offs_k < n_k, other=0.0).to(tl.float32),
+            tl.load(p_k, mask=offs_k < n_k, other=0.0).to(tl.float32),
+            tl.load(p_v, mask=offs_v < n_v, other=0.0).to(tl.float32),
+            tl.load(p_x, mask=has, other=0.0).to(tl.float32),
+            tl.load(p_y, mask=has, other=0.0).to(tl.float32))
+
+
 @triton.autotune(configs=CONFIGS, key=["K", "V", "IS_POOL", "PER_TOKEN", "V_FIRST", "tune_tier"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit
@@ -140,7 +155,8 @@ def _recurrent_gdn_kernel(
     scale, T, tune_tier,                      # tune_tier: only a key of the autotuner
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
-    PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, BV: tl.constexpr,
+    PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
+    PREFETCH: tl.constexpr, BV: tl.constexpr,
 ):
     i_nh = tl.program_id(0)  # N * HV can pass 65535 (the limit of grid axes 1 and 2)
     i_v = tl.program_id(1)
@@ -187,33 +203,41 @@ def _recurrent_gdn_kernel(
     p_k = k + (bos * H + i_hk) * K + offs_k
     p_v = v + (bos * HV + i_h) * V + offs_v
     p_o = o + (bos * HV + i_h) * V + offs_v
+    # the two gate inputs of a token: raw a, b (gated here) or g, beta
     if RAW_GATE:
-        p_a = a + bos * HV + i_h
-        p_b = b + bos * HV + i_h
+        p_x = a + bos * HV + i_h
+        p_y = b + bos * HV + i_h
         b_neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
         b_dt = tl.load(dt_bias + i_h).to(tl.float32)
     else:
-        p_g = g + bos * HV + i_h
-        p_beta = beta + bos * HV + i_h
+        p_x = g + bos * HV + i_h
+        p_y = beta + bos * HV + i_h
 
-    for _ in range(0, n_live):
-        b_q = tl.load(p_q, mask=mask_k, other=0.0).to(tl.float32)
-        b_k = tl.load(p_k, mask=mask_k, other=0.0).to(tl.float32)
-        b_v = tl.load(p_v, mask=mask_v, other=0.0).to(tl.float32)
+    if PREFETCH:  # token 0's inputs (none for an empty sequence: its bos may be the end of the buffers)
+        has = n_live > 0
+        n_q, n_k, n_v, n_x, n_y = _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, tl.where(has, K, 0),
+                                                tl.where(has, V, 0), has)
+    for i in range(0, n_live):
+        if PREFETCH:
+            # token i + 1's loads are issued before token i's math and stores (a load after a store to
+            # o cannot be moved above it): one load latency per sequence instead of one per token.
+            # The last token re-reads its own inputs rather than reading past the sequence.
+            b_q, b_k, b_v, b_x, b_y = n_q, n_k, n_v, n_x, n_y
+            s = tl.where(i + 1 < n_live, 1, 0)
+            n_q, n_k, n_v, n_x, n_y = _token_inputs(p_q + s * H * K, p_k + s * H * K, p_v + s * HV * V, p_x + s * HV,
+                                                    p_y + s * HV, offs_k, offs_v, K, V, True)
+        else:
+            b_q, b_k, b_v, b_x, b_y = _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, K, V, True)
         if L2NORM:
             b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + _EPS)
             b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + _EPS)
         b_q = b_q * scale
         if RAW_GATE:
-            b_g = b_neg_A * _softplus(tl.load(p_a).to(tl.float32) + b_dt)
-            b_beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
-            p_a += HV
-            p_b += HV
+            b_g = b_neg_A * _softplus(b_x + b_dt)
+            b_beta = tl.sigmoid(b_y)
         else:
-            b_g = tl.load(p_g).to(tl.float32)
-            b_beta = tl.load(p_beta).to(tl.float32)
-            p_g += HV
-            p_beta += HV
+            b_g = b_x
+            b_beta = b_y
         b_h = b_h * tl.exp(b_g)                                   # decay
         b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))      # delta: what the memory misses for k
         b_h = b_h + b_k[:, None] * b_u[None, :]                   # rank-1 write
@@ -230,6 +254,8 @@ def _recurrent_gdn_kernel(
         p_k += H * K
         p_v += HV * V
         p_o += HV * V
+        p_x += HV
+        p_y += HV
 
     if IS_POOL:
         # a padding sequence (n_live = 0) writes zeros over its output and leaves the pool alone
@@ -384,7 +410,7 @@ def recurrent_gdn(
             scale, T, key[-1],
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
             STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
-            L2NORM=qk_l2norm,
+            L2NORM=qk_l2norm, PREFETCH=cu_seqlens is not None or T > 1,
         )
 
     # triton's autotuner caches on its key values plus the dtype of every tensor argument: the same

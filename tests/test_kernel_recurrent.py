@@ -75,7 +75,7 @@ KERNEL_CASES = [
     make("prefill-gva1-bf16", H=2, HV=2, dtype="bf16", h0=True),
     make("prefill-K60-V64", B=1, T=4, K=60, V=64, h0=True, l2=True),
     make("prefill-K64-V60-nofinal", B=1, T=4, H=1, HV=1, K=64, V=60, final=False),
-    make("prefill-varlen", H=2, HV=4, seqs=[3, 0, 7, 2], h0=True),
+    make("prefill-varlen", H=2, HV=4, seqs=[3, 0, 7, 2, 0], h0=True),
     make("prefill-raw-fp16", T=6, raw=True, dtype="fp16", h0=True),
     make("decode-fp32-pool-gva2", B=3, T=1, H=1, HV=2, l2=True, pool=7, slots=[4, 0, 6]),
     make("decode-fp32-pool-gva4-K60", B=2, T=1, H=1, HV=4, K=60, V=60, pool=5, slots=[3, 1]),
@@ -374,7 +374,7 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     prefill = BY_NAME["prefill-varlen"]["kw"]
     kern.recurrent_gdn(**prefill)
     assert len(calls) == 6  # nothing in place: the autotuner may run on the real buffers
-    assert calls[-1][0]({"BV": 16}) == (4 * 4, 1)  # N from cu_seqlens' shape, never its values
+    assert calls[-1][0]({"BV": 16}) == (5 * 4, 1)  # N from cu_seqlens' shape, never its values
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -399,10 +399,11 @@ def test_launcher_rejects_bad_arguments(bad, needle):
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("K, V, BV, warps, mode", [
     (128, 128, 32, 4, {"pool": "fp32"}),
-    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16"}),
-    (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
+    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16", "prefetch": True}),
+    (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16", "prefetch": True}),
     (256, 256, 32, 8, {"ht": True}),
-    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True}),
+    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True,
+                       "prefetch": True}),
     (128, 128, 32, 4, {"pool": "fp32", "v_first": True}),
 ])
 def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
@@ -418,7 +419,8 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     const = dict(H=2, HV=4, K=K, V=V, BK=triton.next_power_of_2(K), IS_VARLEN=bool(mode.get("varlen")),
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
                  PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
-                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), BV=BV)
+                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), PREFETCH=bool(mode.get("prefetch")),
+                 BV=BV)
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
         ([] if const["USE_H0"] else ["h0"]) + \
