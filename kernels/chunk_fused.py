@@ -71,18 +71,27 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
 
-# (BV of U's column blocks, warps, stages): see the module docstring. Not (32, 4, 1): triton 3.6 builds
-# it with a W/U dot that reads past the program's shared memory (compute-sanitizer on an H100: "Invalid
-# __shared__ read of size 1024 bytes" at _dot, V = 60 and 100); the autotuner picked it as the fastest,
-# and under graph replay it returned NaN or hit an illegal address. tests/test_kernel_chunk_gpu.py runs
-# every candidate under graph replay. Forced one by one on an H100 (whole call, graph timer, us), on
+# (BV of U's column blocks, warps, stages): see the module docstring. No W or U dot narrower than 64
+# columns (PREP_MIN_WIDTH): triton 3.6 builds this kernel, at 4 warps and 1 stage, with such a dot reading
+# past the program's shared memory (compute-sanitizer on an H100: "Invalid __shared__ read of size 1024
+# bytes" at _dot, BV 32 at V = 60 and 100; an illegal address at K = V = 16 in bf16); the autotuner had
+# picked BV 32 as the fastest, and under graph replay it returned NaN or hit an illegal address.
+# tests/test_kernel_chunk_gpu.py runs every candidate under graph replay, head dims 16 to 128.
+# Forced one by one on an H100 (whole call, graph timer, us), on
 # parity's B=16 T=512 D=64 / B=8 T=512 D=128 and B=1 T=16384 HV=32 D=128: (64, 4, 1) 79.5 / 70.4 / 986,
 # (128, 4, 1) 82.1 / 68.1 / 974; dropped: (64, 8, 2) 111.6 / 90.8 / 1321, 2 warps 90.8 / 72.3 / 1069.
 PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES)
+PREP_MIN_WIDTH = 64  # masked columns pad narrower V blocks and key tiles (see above)
 
 
-@triton.autotune(configs=PREP_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _bv_prune})
+def _prep_prune(configs, named_args, **kwargs):
+    """_bv_prune, then no BV under PREP_MIN_WIDTH (triton runs the interpreter's one config unpruned)."""
+    keep = {max(c.kwargs["BV"], PREP_MIN_WIDTH): c for c in _bv_prune(configs, named_args, **kwargs)}
+    return [triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages) for bv, c in keep.items()]
+
+
+@triton.autotune(configs=PREP_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _prep_prune})
 @triton.jit
 def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu_seqlens, chunk_indices,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
@@ -139,8 +148,8 @@ def chunk_fused_gdn(
     if lay.NT:
         _chunk_prep_kernel[(lay.NT, x.HV)](
             x.k, x.v, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.W, ws.U, lay.cu_seqlens,
-            lay.chunk_indices, H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm,
-            IEEE=x.ieee)
+            lay.chunk_indices, H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
+            RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
                       output_final_state=output_final_state)
     return x.out, ws.final_state if output_final_state else None

@@ -33,7 +33,7 @@ def _candidates():
     return [(module, name, i, fuse) for module, name, configs, fuse in kernels for i in range(len(configs))]
 
 
-@pytest.mark.parametrize("D", [60, 100, 128])
+@pytest.mark.parametrize("D", [16, 32, 60, 100, 128])
 @pytest.mark.parametrize("module,name,index,fuse", _candidates() if torch.cuda.is_available() else [])
 def test_every_candidate_under_graph_replay(module, name, index, fuse, D, monkeypatch):
     kernel = getattr(module, name)
