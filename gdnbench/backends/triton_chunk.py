@@ -33,7 +33,9 @@ def _check(case: Case, device: torch.device) -> str | None:
     return None
 
 
-def _prepare(p: Problem, *, fused: bool) -> Prepared:
+def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None) -> Prepared:
+    """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
+    default rule (``chunk_fused.fuse_output_default``). The backends take the default; sweeps set it."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -41,7 +43,9 @@ def _prepare(p: Problem, *, fused: bool) -> Prepared:
     gating: dict[str, Any] = (dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias) if raw
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
-    fuse_output = fused and chunk_fused.fuse_output_default(layout, case.HV, case.K)
+    if fuse_output is None:
+        fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K)
+    fuse_output = fused and fuse_output
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
                                        final_state=case.output_final_state)
     o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call

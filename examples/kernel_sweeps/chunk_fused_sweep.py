@@ -1,0 +1,130 @@
+"""The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
+
+  configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve + W/U;
+               ``state``: the state pass with the output fused in) alone, and time the whole call;
+  fuse-output  time triton.chunk and triton.chunk_fused with the output pass and with it folded into
+               the state pass, interleaved (A B C A B C ...).
+
+A forced config runs as given (the autotuner prunes only among several), BV masked past the head dim.
+Each row also gives the relative difference of its output from the first row's: every config and
+variant computes the same thing, so anything above rounding is a bug (the prep config that triton 3.6
+miscompiled returned NaN here). Times are the graph timer's medians with the L2 flushed, as in
+``gdnbench run``; rows print as they finish, so a config that kills the GPU context leaves the rest.
+This reaches into the kernels' internals (their autotuner objects) and is not part of the harness.
+
+    python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=16,T=512,H=8,HV=8,K=64" --kernel prep
+    python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=64,T=64" --kernel state -c 64,4,1 -c 32,8,2
+    python -m examples.kernel_sweeps.chunk_fused_sweep fuse-output parity
+
+On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's interpreter: a correctness check of
+every config, with wall-clock times that mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+import triton
+
+from gdnbench.backends.triton_chunk import _prepare
+from gdnbench.problem import make_problem
+from gdnbench.runner import select_cases
+from gdnbench.suite import load_suite
+from gdnbench.timing import TimingConfig, default_timer, measure_interleaved
+
+
+def _timing(device: torch.device) -> TimingConfig:
+    if device.type == "cpu":  # the interpreter: one call per row, its time means nothing
+        return TimingConfig(timer="wall", warmup=0, min_samples=1, max_samples=1, min_time_s=0.0)
+    return TimingConfig(timer=default_timer(device), max_time_s=0.3, min_time_s=0.0)
+
+
+@contextlib.contextmanager
+def _forced(kernel, config: triton.Config) -> Iterator[None]:
+    """The autotuned ``kernel`` runs ``config`` only (its tuning cache emptied) inside the block."""
+    saved = kernel.configs, kernel.cache
+    kernel.configs, kernel.cache = [config], {}
+    try:
+        yield
+    finally:
+        kernel.configs, kernel.cache = saved
+
+
+def _rel(o: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((o.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, int, int]] | None,
+                  device: torch.device) -> None:
+    from gdnbench_kernels import chunk_fused
+
+    kernel, shipped = ((chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES) if kernel_name == "prep"
+                       else (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES))
+    s = load_suite(suite)
+    for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
+        p = make_problem(case, s.seed, device)
+        ref = None
+        for bv, warps, stages in configs or shipped:
+            with _forced(kernel, triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)):
+                prepared = _prepare(p, fused=True, fuse_output=True if kernel_name == "state" else None)
+                prepared.call()
+                (m,) = measure_interleaved([(prepared.call, prepared.reset)], device=device, config=_timing(device))
+            o = prepared.outputs().o
+            ref = o.clone() if ref is None else ref
+            print(f"{case.id}  {kernel_name}[BV={bv} w{warps} s{stages}]  {np.median(m.samples_us):9.1f} us"
+                  f"  diff {_rel(o, ref):.1e}", flush=True)
+
+
+def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
+    s = load_suite(suite)
+    print("case  N*HV  longest  triton.chunk  fused+output pass  fused, output in state pass  (us)  max diff")
+    for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
+        p = make_problem(case, s.seed, device)
+        variants = [_prepare(p, fused=False), _prepare(p, fused=True, fuse_output=False),
+                    _prepare(p, fused=True, fuse_output=True)]
+        for v in variants:
+            v.call()
+        outs = [v.outputs().o.clone() for v in variants]
+        ms = measure_interleaved([(v.call, v.reset) for v in variants], device=device, config=_timing(device))
+        lens = [case.T] * case.B if p.cu_seqlens is None else (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
+        times = "  ".join(f"{np.median(m.samples_us):9.1f}" for m in ms)
+        print(f"{case.id}  {len(lens) * case.HV}  {max(lens)}  {times}  {max(_rel(o, outs[0]) for o in outs):.1e}",
+              flush=True)
+
+
+def _config(text: str) -> tuple[int, int, int]:
+    try:
+        bv, warps, stages = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BV,WARPS,STAGES (e.g. 64,4,1), got {text!r}") from None
+    return bv, warps, stages
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="sweep", required=True)
+    for name, help_ in (("configs", "force each candidate config of one kernel"),
+                        ("fuse-output", "output pass vs output folded into the state pass")):
+        cmd = sub.add_parser(name, help=help_)
+        cmd.add_argument("suite", help="a suite YAML file or a shipped suite's name")
+        cmd.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
+        cmd.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+        if name == "configs":
+            cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
+            cmd.add_argument("-c", "--config", type=_config, action="append",
+                             help="BV,WARPS,STAGES to force (repeatable; default: the shipped candidates)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if args.sweep == "configs":
+        sweep_configs(args.suite, args.filter, args.kernel, args.config, device)
+    else:
+        sweep_fuse_output(args.suite, args.filter, device)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""examples/kernel_sweeps: the chunk_fused sweep tool, run in Triton's interpreter on a tiny case.
+
+Every forced config and every output-pass variant must give the same outputs (the tool prints each
+row's relative difference from the first), which is what makes its GPU tables trustworthy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE = "B=2,T=40"  # smoke's fp32 padded prefill case
+
+
+def _sweep(*args: str) -> list[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", *args, "--device", "cpu"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return [line for line in run.stdout.splitlines() if line.startswith("prefill/")]
+
+
+@pytest.mark.parametrize("kernel,configs,expect", [
+    ("prep", [], 2),  # the shipped candidates
+    ("state", ["-c", "16,4,2", "-c", "64,8,3"], 2),
+])
+def test_every_forced_config_gives_the_same_outputs(kernel, configs, expect):
+    rows = _sweep("configs", "smoke", "-k", CASE, "--kernel", kernel, *configs)
+    assert len(rows) == expect
+    assert all(f"{kernel}[BV=" in r for r in rows)
+    assert all(float(re.search(r"diff (\S+)", r).group(1)) < 1e-6 for r in rows), rows
+
+
+def test_output_pass_variants_agree():
+    (row,) = _sweep("fuse-output", "smoke", "-k", CASE)
+    assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 7, row
+
+
+def test_a_malformed_config_is_a_usage_error():
+    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", "configs", "smoke",
+                          "-c", "64,4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "expected BV,WARPS,STAGES" in run.stderr
