@@ -25,7 +25,10 @@ against; ``chunk_fused`` removes the round trips):
 
 (d) can also compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one
 launch and no h round trip instead of parallelism over chunks, which ``chunk_fused`` uses for short
-sequences. Both variants share (d) and (e) and every device function below.
+sequences. Both variants share (d) and (e) and every device function below. (d) can also run
+chunk-parallel (``SegmentLayout``, used by chunk_fused: the state of each segment of a sequence from
+zero and its transition, a scan over segments (``_segment_scan_kernel``), then (d) over all segments at
+once from their entering states), for a few long sequences; unmeasured on a GPU so far.
 
 Layout: every token-indexed buffer is flat over tokens ([B * T, heads, dim], the canonical tensors'
 own memory), and every kernel finds its sequence through ``cu_seqlens`` (a padded batch gets b * T
@@ -82,7 +85,7 @@ from torch import Tensor
 from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
 
-__all__ = ["chunk_gdn", "ChunkLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe"]
+__all__ = ["chunk_gdn", "ChunkLayout", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe"]
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
@@ -362,8 +365,10 @@ OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offsets, scale, state_tier,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
-                    L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
-    # state_tier: only a key of the autotuner
+                    SEGMENT: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
+    # state_tier: only a key of the autotuner. SEGMENT (the chunk-parallel pass, see SegmentLayout; each
+    # "sequence" is then a segment): 0 the plain pass; 1 from a zero state, only the final state (ht);
+    # 2 the transition M (ht, V = K): the state from the identity with U taken as 0.
     i_nh, i_v = tl.program_id(0), tl.program_id(1)  # N * HV can pass 65535 (grid axes 1, 2)
     i_n, i_h = i_nh // HV, i_nh % HV
     i_hk = i_h // (HV // H)
@@ -376,17 +381,22 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
 
     if USE_H0:
         b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
+    elif SEGMENT == 2:
+        b_h = tl.where((cols_k[:, None] == cols_v[None, :]) & (cols_v[None, :] < V), 1.0, 0.0)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     base_k = k + bos * H * K + i_hk * K
     for i_t in range(0, tl.cdiv(n_tok, BT)):
         rows = i_t * BT + tl.arange(0, BT)
         b_hd = _cast(b_h, dt)
-        if not FUSE_OUTPUT:
+        if not FUSE_OUTPUT and SEGMENT == 0:
             _store_tile(h + ((first_chunk + i_t) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
         b_w = _load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K)
-        b_u = _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
-        b_v = b_u - _dot(b_w, b_hd, IEEE)  # v_new: what this chunk actually writes
+        if SEGMENT == 2:
+            b_v = -_dot(b_w, b_hd, IEEE)
+        else:  # v_new: what this chunk actually writes
+            b_v = _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32) \
+                - _dot(b_w, b_hd, IEEE)
         b_vd = _cast(b_v, dt)
         b_k = _load_qk(base_k, rows, n_tok, H * K, K, BK, L2NORM)
         b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
@@ -394,7 +404,7 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
             b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
             b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, n_tok, scale, IEEE)
             _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
-        else:
+        elif SEGMENT == 0:
             _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
         gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
         # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
@@ -404,7 +414,7 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
 
 
-_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
+_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "state_tier"],
                                       prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 
@@ -426,6 +436,33 @@ def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale
     b_v = _load_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V)
     b_o = _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_tok, scale, IEEE)
     _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+
+
+SCAN_BV = 32  # V columns per program of the segment scan; 8 warps hold its [K, K] fp32 transition
+
+
+@triton.jit
+def _segment_scan_kernel(M, L, h0, seg_init, ht, seg_offsets, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                         BK: tl.constexpr, BV: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr,
+                         IEEE: tl.constexpr):
+    """Per (sequence, value head, V-block): the state entering each segment, S_j+1 = M_j S_j + L_j from
+    the initial state (fp32; stored to seg_init), and the final state."""
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    i_n, i_h = i_nh // HV, i_nh % HV
+    cols_k = tl.arange(0, BK)
+    cols_v = i_v * BV + tl.arange(0, BV)
+    if USE_H0:
+        b_s = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
+    else:
+        b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    first = tl.load(seg_offsets + i_n).to(tl.int64)
+    for j in range(0, tl.load(seg_offsets + i_n + 1) - first):
+        head = (first + j) * HV + i_h
+        _store_tile(seg_init + head * K * V, cols_k, K, V, cols_v, V, b_s)
+        b_m = _load_tile(M + head * K * K, cols_k, K, K, cols_k, K)
+        b_s = _dot(b_m, b_s, IEEE) + _load_tile(L + head * K * V, cols_k, K, V, cols_v, V)
+    if STORE_HT:
+        _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_s)
 
 
 try:
@@ -477,6 +514,35 @@ class ChunkLayout:
         )
 
 
+@dataclass(frozen=True)
+class SegmentLayout:
+    """The sequences of a ChunkLayout cut into segments of at most ``chunks`` chunks, for the
+    chunk-parallel state pass: (d1) each segment's state from zero (L) and (d2) its transition M, both
+    parallel over segments; (d3) a scan over each sequence's segments, S_j+1 = M_j S_j + L_j, for the
+    state entering each one; (d4) the state pass over all segments at once from those states. The
+    sequential walk shrinks from a sequence's chunks to its segments, for 3x the state pass's work.
+    Built on the host once (reads cu_seqlens), outside any timed call.
+    """
+
+    chunks: int  # chunks per segment
+    layout: ChunkLayout  # the segments as sequences: same tokens, same global chunk numbering
+    seg_offsets: Tensor  # [N + 1] int32: each sequence's first segment
+
+    @classmethod
+    def build(cls, layout: ChunkLayout, chunks: int) -> SegmentLayout:
+        if chunks < 1:
+            raise ValueError(f"a segment needs at least one chunk, got {chunks}")
+        bounds, span = layout.cu_seqlens.tolist(), chunks * CHUNK
+        seg_bounds, offsets = [0], [0]
+        for start, end in zip(bounds, bounds[1:]):
+            seg_bounds += [min(t + span, end) for t in range(start, end, span)]
+            offsets.append(len(seg_bounds) - 1)
+        device = layout.cu_seqlens.device
+        return cls(chunks=chunks,
+                   layout=ChunkLayout.build(1, layout.tokens, torch.tensor(seg_bounds, device=device), device),
+                   seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device))
+
+
 @dataclass
 class ChunkWorkspace:
     """Every intermediate of one problem size, allocated once so that a timed call allocates nothing.
@@ -493,11 +559,17 @@ class ChunkWorkspace:
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
     h: Tensor | None  # [NT, HV, K, V] input dtype, the state entering each chunk (None likewise)
     final_state: Tensor | None  # [N, HV, K, V] fp32
+    # the chunk-parallel state pass (SegmentLayout), fp32, per segment: state from zero, transition,
+    # entering state
+    seg_L: Tensor | None = None  # [segments, HV, K, V]
+    seg_M: Tensor | None = None  # [segments, HV, K, K]
+    seg_init: Tensor | None = None  # [segments, HV, K, V]
 
     @classmethod
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
-                 fuse_output: bool, final_state: bool) -> ChunkWorkspace:
-        """stages: the multi-kernel pipeline's Ai (and beta for raw gating) buffers too."""
+                 fuse_output: bool, final_state: bool, segments: SegmentLayout | None = None) -> ChunkWorkspace:
+        """stages: the multi-kernel pipeline's Ai (and beta for raw gating) buffers too; segments: the
+        chunk-parallel state pass's."""
         B, T, _, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         BT, dt, dev = B * T, q.dtype, q.device
@@ -513,6 +585,10 @@ class ChunkWorkspace:
             v_new=None if fuse_output else empty(BT, HV, V),
             h=None if fuse_output else empty(layout.NT, HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
+            **({} if segments is None else dict(
+                seg_L=empty(segments.layout.N, HV, K, V, dtype=torch.float32),
+                seg_M=empty(segments.layout.N, HV, K, K, dtype=torch.float32),
+                seg_init=empty(segments.layout.N, HV, K, V, dtype=torch.float32))),
         )
 
 
@@ -558,7 +634,7 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
            b: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None, *, scale: float,
            initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
            layout: ChunkLayout | None, qk_l2norm: bool, out: Tensor | None, workspace: ChunkWorkspace | None,
-           stages: bool, fuse_output: bool) -> _Args:
+           stages: bool, fuse_output: bool, segments: SegmentLayout | None = None) -> _Args:
     """Validate a launch of either variant and fill in its layout, workspace and output."""
     B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
                                      head_dim_limit="one key tile per chunk")
@@ -573,11 +649,17 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
         raise ValueError(f"a sequence of {lay.max_len} tokens x {HV} heads x {max(K, V)} overflows int32 offsets")
     if initial_state is not None and initial_state.shape != (lay.N, HV, K, V):
         raise ValueError(f"initial_state must be [N, HV, K, V] = {(lay.N, HV, K, V)}")
+    if segments is not None and (fuse_output or segments.layout.tokens != lay.tokens
+                                 or segments.seg_offsets.numel() != lay.N + 1):
+        raise ValueError("segments must cut this batch's layout, and go without fuse_output")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
-                                              fuse_output=fuse_output, final_state=output_final_state)
+                                              fuse_output=fuse_output, final_state=output_final_state,
+                                              segments=segments)
+    seg = segments is not None
     missing = [name for name, need in (("Ai", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
-                                       ("final_state", output_final_state)) if need and getattr(ws, name) is None]
+                                       ("final_state", output_final_state), ("seg_L", seg), ("seg_M", seg),
+                                       ("seg_init", seg)) if need and getattr(ws, name) is None]
     if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype:
         raise ValueError(f"workspace does not fit this call (missing {missing})" if missing
                          else "workspace was allocated for another problem size or dtype")
@@ -593,14 +675,31 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
                  BK=_tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32)
 
 
-def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool) -> None:
-    """(d), and (e) unless the output is fused into (d). state_kernel: an autotuned _chunk_state_fn."""
+def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool,
+                      segments: SegmentLayout | None = None) -> None:
+    """(d), and (e) unless the output is fused into (d); with ``segments``, (d) chunk-parallel
+    (SegmentLayout: d1-d4). state_kernel: an autotuned _chunk_state_fn."""
     lay, ws = x.lay, x.ws
     shape = dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
-    state_kernel[lambda meta: (lay.N * x.HV, triton.cdiv(x.V, meta["BV"]))](
-        x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, x.h0, ws.final_state if output_final_state else None,
-        lay.cu_seqlens, lay.chunk_offsets, x.scale, state_tier(lay.N, x.HV),
-        USE_H0=x.h0 is not None, STORE_HT=output_final_state, FUSE_OUTPUT=fuse_output, **shape)
+    final = ws.final_state if output_final_state else None
+
+    def state_pass(over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, segment: int,
+                   fuse: bool = False) -> None:
+        V = x.K if segment == 2 else x.V  # the transition's columns run over K
+        state_kernel[lambda meta: (over.N * x.HV, triton.cdiv(V, meta["BV"]))](
+            x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.chunk_offsets, x.scale,
+            state_tier(over.N, x.HV), USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse,
+            SEGMENT=segment, **{**shape, "V": V})
+
+    if segments is None:
+        state_pass(lay, x.h0, final, 0, fuse_output)
+    else:
+        state_pass(segments.layout, None, ws.seg_L, 1)
+        state_pass(segments.layout, None, ws.seg_M, 2)
+        _segment_scan_kernel[(lay.N * x.HV, triton.cdiv(x.V, SCAN_BV))](
+            ws.seg_M, ws.seg_L, x.h0, ws.seg_init, final, segments.seg_offsets, HV=x.HV, K=x.K, V=x.V, BK=x.BK,
+            BV=SCAN_BV, USE_H0=x.h0 is not None, STORE_HT=final is not None, IEEE=x.ieee, num_warps=8)
+        state_pass(segments.layout, ws.seg_init, None, 0)
     if not fuse_output and lay.NT:
         _chunk_output_kernel[lambda meta: (lay.NT, x.HV, triton.cdiv(x.V, meta["BV"]))](
             x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale, **shape)

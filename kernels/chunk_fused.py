@@ -24,8 +24,9 @@ K K^T dots, the block inverse extracting rows from register tiles, twelve 16 x 1
 1415 us at T=16384, HV=32 against 750 us for ``chunk``'s four kernels, by the look of ``chunk``'s
 old solve (425 us) mostly in the inverse's serial chain; (3) another launch and the h write + read
 (2 x K x V bytes per chunk and head, as much as all inputs together at C = 64, K = V = 128 in bf16)
-on short sequences. The chunk-parallel state pass (per-chunk transitions combined by a scan) would
-attack B=1 T=65536 further and is not implemented.
+on short sequences. For a few long sequences the state pass can run chunk-parallel instead
+(``segments``, ``chunk.SegmentLayout``: per-segment transitions combined by a scan; the backend
+triton.chunk_fused_cp), which is not measured on a GPU yet.
 
 The prep kernel runs 4-warp programs, two per SM, whose latency-bound inverses overlap (an 8-warp
 program per SM was 1.05-1.4x slower in every case measured, see PREP_CANDIDATES). Registers at
@@ -40,7 +41,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, _bv_prune, _cast, _chunk_bounds, _chunk_state_fn,
+from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds, _chunk_state_fn,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
                     _state_and_output, _state_prune, _wu_store)
 from .chunk import describe as _describe
@@ -133,17 +134,19 @@ def chunk_fused_gdn(
     out: Tensor | None = None,
     workspace: ChunkWorkspace | None = None,
     fuse_output: bool | None = None,
+    segments: SegmentLayout | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
-    fuse_output=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
-    None: ``fuse_output_default(layout, HV, K)``.
+    fuse_output=..., segments=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
+    None: ``fuse_output_default(layout, HV, K)``, off with segments. segments (``SegmentLayout.build``):
+    the chunk-parallel state pass instead of one walk over each sequence's chunks.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
-    fuse = fuse_output_default(lay, v.shape[2], q.shape[3]) if fuse_output is None else fuse_output
+    fuse = segments is None and fuse_output_default(lay, v.shape[2], q.shape[3]) if fuse_output is None else fuse_output
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
-               out=out, workspace=workspace, stages=False, fuse_output=fuse)
+               out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments)
     ws = x.ws
     if lay.NT:
         _chunk_prep_kernel[(lay.NT, x.HV)](
@@ -151,7 +154,7 @@ def chunk_fused_gdn(
             lay.chunk_indices, H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
             RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
-                      output_final_state=output_final_state)
+                      output_final_state=output_final_state, segments=segments)
     return x.out, ws.final_state if output_final_state else None
 
 

@@ -39,7 +39,7 @@ SUITE_CASES = [
     {"mode": "varlen", "seq_lens": [5, 66], "H": 1, "HV": 2, "D": 16, "gating": "raw", "dtype": "bf16"},
     {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
 ]
-BACKENDS = ["triton.chunk", "triton.chunk_fused"]
+BACKENDS = ["triton.chunk", "triton.chunk_fused", "triton.chunk_fused_cp"]
 
 
 # ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
@@ -65,6 +65,9 @@ KERNEL_CASES = [
     make("gn10-gva1-K64-V60-fp16-nofinal", T=128, H=2, HV=2, V=60, dtype="fp16", gate_norm=10, final=False,
          fuse_output=True),
     make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
+    # decays near 1 (gate_norm 100): a state carries across many chunks, so the chunk-parallel pass's
+    # transitions are far from 0 and its scan is what gets the states right
+    make("weak-decay-varlen-K32-h0", seqs=[130, 0, 64, 200], K=32, V=32, gate_norm=100, h0=True),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
@@ -100,12 +103,16 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         kw = dict(case["kw"])
         q, v = kw["q"], kw["v"]
         layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
-        for variant, stages in (("chunk", True), ("fused", False)):
+        # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps)
+        segments = chunk.SegmentLayout.build(layout, 1)
+        for variant, stages in (("chunk", True), ("fused", False), ("cp", False)):
             try:
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw,
                                                    fuse_output=variant == "fused" and case["fuse_output"],
-                                                   final_state=kw["output_final_state"])
-                for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state"):
+                                                   final_state=kw["output_final_state"],
+                                                   segments=segments if variant == "cp" else None)
+                for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
+                             "seg_init"):
                     if getattr(ws, name) is not None:
                         getattr(ws, name).fill_(float("nan"))
                 out = torch.full_like(v, float("nan"))
@@ -115,9 +122,12 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                 try:
                     if variant == "chunk":
                         o, final = chunk.chunk_gdn(**kw, layout=layout, out=out, workspace=ws)
-                    else:
+                    elif variant == "fused":
                         o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws,
                                                                fuse_output=case["fuse_output"])
+                    else:
+                        o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws,
+                                                               segments=segments)
                 finally:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "chunk_offsets": layout.chunk_offsets}
@@ -180,16 +190,27 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
             q, v = kw["q"], kw["v"]
             (B, T, _, K), (HV, V) = q.shape, v.shape[2:]
             lay0 = chunk.ChunkLayout.build(B, T, kw.get("cu_seqlens"), q.device)
+            seg0 = chunk.SegmentLayout.build(lay0, 1)
             for i in range(rounds):  # round i: every kernel's i-th block width (its last once its list ends)
                 for kernel, candidates in tuned.values():
                     widths = sorted({bv for bv, _, _ in candidates})
                     kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
                     kernel.cache.clear()
-                for variant, stages, fuse in (("chunk", True, False), ("fused", False, False), ("fused-out", False, True)):
+                variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
+                            ("cp", False, False))
+                for variant, stages, fuse in variants:
                     bufs.clear()
-                    lay = chunk.ChunkLayout(N=lay0.N, NT=lay0.NT, max_len=lay0.max_len, tokens=lay0.tokens,
-                                            cu_seqlens=guarded(lay0.cu_seqlens), chunk_indices=guarded(lay0.chunk_indices),
-                                            chunk_offsets=guarded(lay0.chunk_offsets))
+
+                    def guarded_layout(x):
+                        return chunk.ChunkLayout(N=x.N, NT=x.NT, max_len=x.max_len, tokens=x.tokens,
+                                                 cu_seqlens=guarded(x.cu_seqlens),
+                                                 chunk_indices=guarded(x.chunk_indices),
+                                                 chunk_offsets=guarded(x.chunk_offsets))
+
+                    lay = guarded_layout(lay0)
+                    segs = None if variant != "cp" else chunk.SegmentLayout(
+                        chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets))
+                    NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
                     args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else lay.cu_seqlens
@@ -201,13 +222,16 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                         Ai=guarded(shape=(BT, HV, chunk.CHUNK), dtype=dt) if stages else None,
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.NT, HV, K, V), dtype=dt),
-                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32))
+                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
+                        **({} if segs is None else dict(seg_L=guarded(shape=(NS, HV, K, V), dtype=f32),
+                                                        seg_M=guarded(shape=(NS, HV, K, K), dtype=f32),
+                                                        seg_init=guarded(shape=(NS, HV, K, V), dtype=f32))))
                     out = guarded(shape=v.shape, dtype=dt)
                     common = dict(layout=lay, out=out, workspace=ws)
                     if variant == "chunk":
                         o, final = chunk.chunk_gdn(**args, **common)
                     else:
-                        o, final = chunk_fused.chunk_fused_gdn(**args, **common, fuse_output=fuse)
+                        o, final = chunk_fused.chunk_fused_gdn(**args, **common, fuse_output=fuse, segments=segs)
                     run = f"{case['name']} {variant} " + ", ".join(
                         f"{name}={kernel.configs[0].kwargs['BV']}"
                         for name, (kernel, _) in tuned.items())
@@ -273,10 +297,15 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
         ("chunk", "_chunk_kkt_solve_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
         ("chunk", "_chunk_wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, L2NORM=False,
-                                          IEEE=False, BV=32, q=None), 4),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, L2NORM=True,
-                                          IEEE=False, BV=16, h=None, v_new=None, h0=None), 4),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
+                                          L2NORM=False, IEEE=False, BV=32, q=None), 4),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=2,
+                                          L2NORM=False, IEEE=False, BV=32, q=None, U=None, h=None, v_new=None,
+                                          o=None, h0=None), 4),
+        ("chunk", "_segment_scan_kernel", dict(HV=4, K=D, V=D, BK=D, BV=32, USE_H0=True, STORE_HT=True,
+                                               IEEE=False), 8),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=0,
+                                          L2NORM=True, IEEE=False, BV=16, h=None, v_new=None, h0=None), 4),
         ("chunk", "_chunk_output_kernel", dict(shape, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=128, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
                                                    b=None, A_log=None, dt_bias=None), 4),
@@ -287,7 +316,7 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("index", range(10))
 def test_kernel_compiles_for_sm90(D, index):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     from gdnbench_kernels import chunk
@@ -295,7 +324,7 @@ def test_kernel_compiles_for_sm90(D, index):
     module, name, const, warps = _compile_specs(D)[index]
     fn = getattr(importlib.import_module(f"gdnbench_kernels.{module}"), name)
     ptr = dict(q="bf16", k="bf16", v="bf16", beta="bf16", a="bf16", b="bf16", Ai="bf16", W="bf16", U="bf16", h="bf16",
-               v_new="bf16", o="bf16", cu_seqlens="i64", chunk_indices="i32", chunk_offsets="i32")
+               v_new="bf16", o="bf16", cu_seqlens="i64", chunk_indices="i32", chunk_offsets="i32", seg_offsets="i32")
     scalars = {"scale": "fp32", "state_tier": "i32"}
     sig = {arg: "constexpr" if arg in const else scalars.get(arg) or f"*{ptr.get(arg, 'fp32')}" for arg in fn.arg_names}
     compile_sm90(fn, sig, const, interpreted=chunk.INTERPRETED, num_warps=warps)
@@ -319,7 +348,7 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "cp"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
@@ -339,7 +368,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     B, T, HV = kw["v"].shape[:3]
     flat = {"gc": ref.gc, "Ai": ref.A_inv, "W": ref.W, "U": ref.U, "v_new": ref.v_new}
     expect = {"gc", "W", "U"} | ({"Ai"} if variant == "chunk" else set())
-    if not (variant == "fused" and case["fuse_output"]):
+    if not (variant == "fused" and case["fuse_output"]):  # cp: never fused
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -360,7 +389,7 @@ def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     from gdnbench_kernels import chunk, chunk_fused
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * guard_rounds(chunk, chunk_fused) * 3
+    assert guards["runs"] == len(GUARD_CASES) * guard_rounds(chunk, chunk_fused) * 4
     assert guards["problems"] == {}
 
 
@@ -429,6 +458,26 @@ def test_layout_lists_chunks_per_sequence():
     assert padded.cu_seqlens.tolist() == [0, 65, 130, 195] and padded.NT == 6
     with pytest.raises(ValueError, match="end at T=200"):
         ChunkLayout.build(1, 200, torch.tensor([0, 70, 190]), CPU)
+
+
+def test_segments_cut_each_sequence_at_chunk_boundaries():
+    from gdnbench_kernels import chunk, chunk_fused
+
+    lay = chunk.ChunkLayout.build(1, 400, torch.tensor([0, 130, 130, 194, 400]), CPU)
+    seg = chunk.SegmentLayout.build(lay, 2)  # 128 tokens a segment; the empty sequence gets none
+    assert seg.layout.cu_seqlens.tolist() == [0, 128, 130, 194, 322, 400]
+    assert seg.seg_offsets.tolist() == [0, 2, 2, 3, 5]
+    # a segment's chunks keep their global numbers, where the output pass finds their states
+    assert seg.layout.chunk_offsets.tolist() == [0, 2, 3, 4, 6, 8] and lay.chunk_offsets.tolist() == [0, 3, 3, 4, 8]
+    with pytest.raises(ValueError, match="at least one chunk"):
+        chunk.SegmentLayout.build(lay, 0)
+    kw = BY_NAME["weak-decay-varlen-K32-h0"]["kw"]
+    lay = chunk.ChunkLayout.build(1, 394, kw["cu_seqlens"], CPU)
+    with pytest.raises(ValueError, match="without fuse_output"):
+        chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(lay, 2), fuse_output=True)
+    other = chunk.ChunkLayout.build(1, 394, torch.tensor([0, 394]), CPU)
+    with pytest.raises(ValueError, match="must cut this batch's layout"):
+        chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
 
 
 def test_a_layout_of_another_batch_is_rejected():

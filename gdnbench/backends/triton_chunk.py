@@ -1,9 +1,10 @@
-"""triton.chunk and triton.chunk_fused: the bundled chunked-prefill Triton kernels.
+"""triton.chunk, triton.chunk_fused and triton.chunk_fused_cp: the bundled chunked-prefill Triton kernels.
 
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T,
 the triangular solve and W/U into one kernel and, for short sequences, the outputs into the state
-pass. Both take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
+pass; ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
+All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
 cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
 which then neither allocates nor syncs. Runs on a CPU in Triton's interpreter.
 """
@@ -33,9 +34,11 @@ def _check(case: Case, device: torch.device) -> str | None:
     return None
 
 
-def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None) -> Prepared:
+def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
+             segment_chunks: int | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
-    default rule (``chunk_fused.fuse_output_default``). The backends take the default; sweeps set it."""
+    default rule (``chunk_fused.fuse_output_default``). The backends take the default; sweeps set it.
+    segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -43,20 +46,22 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None) -> Pre
     gating: dict[str, Any] = (dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias) if raw
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
+    segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
     if fuse_output is None:
-        fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K)
+        fuse_output = segments is None and chunk_fused.fuse_output_default(layout, case.HV, case.K)
     fuse_output = fused and fuse_output
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
-                                       final_state=case.output_final_state)
+                                       final_state=case.output_final_state, segments=segments)
     o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call
     kw: dict[str, Any] = dict(gating, scale=p.scale, initial_state=p.initial_state,
                               output_final_state=case.output_final_state, cu_seqlens=p.cu_seqlens, layout=layout,
                               qk_l2norm=p.qk_l2norm_in_kernel, out=o, workspace=ws)
     if fused:
         def call() -> None:
-            chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output)
+            chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments)
 
-        kernels = "gate+kkt+solve+wu in one"
+        kernels = "gate+kkt+solve+wu in one" + (f", state pass over segments of {segment_chunks} chunks"
+                                                 if segments else "")
         configs = chunk_fused.STATE_CONFIGS
     else:
         def call() -> None:
@@ -94,3 +99,15 @@ def triton_chunk(p: Problem) -> Prepared:
 def triton_chunk_fused(p: Problem) -> Prepared:
     """Bundled Triton chunked prefill, gate+K K^T+solve+W/U fused (and the output pass for short sequences)."""
     return _prepare(p, fused=True)
+
+
+# tokens of a segment in triton.chunk_fused_cp: 32 chunks, so that B=1 T=65536 has 32 segments (a guess,
+# not yet measured: the scan's fp32 M and L traffic grows as segments shrink, the walk as they grow)
+CP_SEGMENT_CHUNKS = 32
+
+
+@backend("triton.chunk_fused_cp", requires=(FUSED_KERNEL,), **_ENVELOPE)
+def triton_chunk_fused_cp(p: Problem) -> Prepared:
+    """triton.chunk_fused with the chunk-parallel state pass (segments of 32 chunks, a scan across them):
+    for a few long sequences, whose sequential walk over chunks has too few programs."""
+    return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS)
