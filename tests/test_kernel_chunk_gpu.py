@@ -13,51 +13,58 @@ import pytest
 import torch
 
 from gdnbench.reference import gdn_recurrent
-from gdnbench.timing import TimingConfig, measure
+from gdnbench.timing import TimingConfig, default_timer, measure
 from tests.kernel_inputs import kernel_inputs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-CUDA = torch.device("cuda")
-SHORT = TimingConfig(timer="graph", l2="cold", warmup=2, min_samples=5, max_samples=20, min_time_s=0.0,
-                     max_time_s=0.2)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a dry run in the interpreter
+SHORT = TimingConfig(timer=default_timer(DEVICE), l2="cold", warmup=2, min_samples=5, max_samples=20,
+                     min_time_s=0.0, max_time_s=0.2)
 
 
 def _candidates():
     from gdnbench_kernels import chunk, chunk_fused
 
-    kernels = [(chunk_fused, "_chunk_prep_kernel", chunk_fused.PREP_CONFIGS, False),
-               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, True),
-               (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, False),
-               (chunk, "_chunk_output_kernel", chunk.OUTPUT_CONFIGS, False)]
-    return [(module, name, i, fuse) for module, name, configs, fuse in kernels for i in range(len(configs))]
+    # (module, kernel, its configs, the launcher that runs it: chunk_gdn, or chunk_fused_gdn with the
+    # output pass, with the output folded into the state pass, or with the chunk-parallel state pass)
+    kernels = [(chunk_fused, "_chunk_prep_kernel", chunk_fused.PREP_CONFIGS, "fused"),
+               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "fused-output"),
+               (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "chunk"),
+               (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "cp"),
+               (chunk, "_chunk_output_kernel", chunk.OUTPUT_CONFIGS, "chunk")]
+    return [(module, name, i, run) for module, name, configs, run in kernels for i in range(len(configs))]
 
 
 @pytest.mark.parametrize("D", [16, 32, 60, 100, 128])
-@pytest.mark.parametrize("module,name,index,fuse", _candidates() if torch.cuda.is_available() else [])
-def test_every_candidate_under_graph_replay(module, name, index, fuse, D, monkeypatch):
+@pytest.mark.parametrize("module,name,index,run", _candidates() if torch.cuda.is_available() else [])
+def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeypatch):
     kernel = getattr(module, name)
     monkeypatch.setattr(kernel, "configs", [kernel.configs[index]])
     monkeypatch.setattr(kernel, "cache", {})
     gen = torch.Generator().manual_seed(index)
-    kw, N = kernel_inputs(gen, B=2, T=300, H=2, HV=4, K=D, V=D, dtype="bf16", seqs=None, raw=False, l2=False)
-    kw = {k: v.to(CUDA) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    # gate_norm 10: decays weak enough that the chunk-parallel pass's transitions matter
+    kw, N = kernel_inputs(gen, B=2, T=300, H=2, HV=4, K=D, V=D, dtype="bf16", seqs=None, raw=False, l2=False,
+                          gate_norm=10.0)
+    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     from gdnbench_kernels import chunk, chunk_fused
 
-    layout = chunk.ChunkLayout.build(2, 300, None, CUDA)
-    ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=module is chunk, raw_gate=False,
-                                       fuse_output=fuse, final_state=True)
+    layout = chunk.ChunkLayout.build(2, 300, None, DEVICE)
+    segments = chunk.SegmentLayout.build(layout, 2) if run == "cp" else None  # 3 segments a sequence
+    ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=run == "chunk", raw_gate=False,
+                                       fuse_output=run == "fused-output", final_state=True, segments=segments)
     out = torch.full_like(kw["v"], float("nan"))
-    if module is chunk:
+    if run == "chunk":
         def call() -> None:
             chunk.chunk_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out)
     else:
         def call() -> None:
             chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=fuse)
+                                        fuse_output=run == "fused-output", segments=segments)
 
-    measure(call, device=CUDA, config=SHORT)
-    torch.cuda.synchronize()
+    measure(call, device=DEVICE, config=SHORT)
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
     o_ref, final_ref = gdn_recurrent(kw["q"].cpu(), kw["k"].cpu(), kw["v"].cpu(), kw["g"].cpu(), kw["beta"].cpu(),
                                      scale=kw["scale"], compute_dtype=torch.float64)
     for got, ref in ((out, o_ref), (ws.final_state, final_ref)):
