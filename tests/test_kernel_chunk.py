@@ -67,7 +67,7 @@ KERNEL_CASES = [
     make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
     # decays near 1 (gate_norm 100): a state carries across many chunks, so the chunk-parallel pass's
     # transitions are far from 0 and its scan is what gets the states right
-    make("weak-decay-varlen-K32-h0", seqs=[130, 0, 64, 200], K=32, V=32, gate_norm=100, h0=True),
+    make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 140], K=16, V=16, gate_norm=100, h0=True),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
@@ -196,8 +196,10 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     widths = sorted({bv for bv, _, _ in candidates})
                     kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
                     kernel.cache.clear()
+                # cp reruns the state pass's kernel over segments: its block widths are the other
+                # variants' rounds, so one round of it covers the scan and the segment modes
                 variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
-                            ("cp", False, False))
+                            *([("cp", False, False)] if i == 0 else []))
                 for variant, stages, fuse in variants:
                     bufs.clear()
 
@@ -389,7 +391,7 @@ def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     from gdnbench_kernels import chunk, chunk_fused
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * guard_rounds(chunk, chunk_fused) * 4
+    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk, chunk_fused) * 3 + 1)
     assert guards["problems"] == {}
 
 
@@ -471,11 +473,11 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
     assert seg.layout.chunk_offsets.tolist() == [0, 2, 3, 4, 6, 8] and lay.chunk_offsets.tolist() == [0, 3, 3, 4, 8]
     with pytest.raises(ValueError, match="at least one chunk"):
         chunk.SegmentLayout.build(lay, 0)
-    kw = BY_NAME["weak-decay-varlen-K32-h0"]["kw"]
-    lay = chunk.ChunkLayout.build(1, 394, kw["cu_seqlens"], CPU)
+    kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]
+    lay = chunk.ChunkLayout.build(1, 334, kw["cu_seqlens"], CPU)
     with pytest.raises(ValueError, match="without fuse_output"):
         chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(lay, 2), fuse_output=True)
-    other = chunk.ChunkLayout.build(1, 394, torch.tensor([0, 394]), CPU)
+    other = chunk.ChunkLayout.build(1, 334, torch.tensor([0, 334]), CPU)
     with pytest.raises(ValueError, match="must cut this batch's layout"):
         chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
 
