@@ -107,10 +107,10 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
     _wu_store(_cast(b_ai, b_k.dtype), b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
 
 
-def fuse_output_default(layout: ChunkLayout, HV: int, K: int) -> bool:
+def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
     """Whether the output pass folds into the state pass by default: many short sequences of about
-    equal length, K >= 128 (see FUSE_OUTPUT_MAX_LEN)."""
-    return (layout.max_len <= FUSE_OUTPUT_MAX_LEN and layout.N * HV >= FUSE_OUTPUT_MIN_HEADS
+    equal length, K >= 128 (see FUSE_OUTPUT_MAX_LEN); never with the chunk-parallel pass (segments)."""
+    return (segments is None and layout.max_len <= FUSE_OUTPUT_MAX_LEN and layout.N * HV >= FUSE_OUTPUT_MIN_HEADS
             and K >= FUSE_OUTPUT_MIN_K and layout.max_len * layout.N <= FUSE_OUTPUT_MAX_IMBALANCE * layout.tokens)
 
 
@@ -139,11 +139,11 @@ def chunk_fused_gdn(
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
     fuse_output=..., segments=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
-    None: ``fuse_output_default(layout, HV, K)``, off with segments. segments (``SegmentLayout.build``):
+    None: ``fuse_output_default(layout, HV, K, segments)``. segments (``SegmentLayout.build``):
     the chunk-parallel state pass instead of one walk over each sequence's chunks.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
-    fuse = segments is None and fuse_output_default(lay, v.shape[2], q.shape[3]) if fuse_output is None else fuse_output
+    fuse = fuse_output_default(lay, v.shape[2], q.shape[3], segments) if fuse_output is None else fuse_output
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments)

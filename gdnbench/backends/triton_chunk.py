@@ -48,7 +48,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
     if fuse_output is None:
-        fuse_output = segments is None and chunk_fused.fuse_output_default(layout, case.HV, case.K)
+        fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K, segments)
     fuse_output = fused and fuse_output
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
                                        final_state=case.output_final_state, segments=segments)
