@@ -649,9 +649,8 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
         raise ValueError(f"a sequence of {lay.max_len} tokens x {HV} heads x {max(K, V)} overflows int32 offsets")
     if initial_state is not None and initial_state.shape != (lay.N, HV, K, V):
         raise ValueError(f"initial_state must be [N, HV, K, V] = {(lay.N, HV, K, V)}")
-    if segments is not None and (fuse_output or segments.layout.tokens != lay.tokens
-                                 or segments.seg_offsets.numel() != lay.N + 1):
-        raise ValueError("segments must cut this batch's layout, and go without fuse_output")
+    if segments is not None and (segments.layout.tokens != lay.tokens or segments.seg_offsets.numel() != lay.N + 1):
+        raise ValueError("segments must cut this batch's layout")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
                                               fuse_output=fuse_output, final_state=output_final_state,
                                               segments=segments)
@@ -699,7 +698,7 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
         _segment_scan_kernel[(lay.N * x.HV, triton.cdiv(x.V, SCAN_BV))](
             ws.seg_M, ws.seg_L, x.h0, ws.seg_init, final, segments.seg_offsets, HV=x.HV, K=x.K, V=x.V, BK=x.BK,
             BV=SCAN_BV, USE_H0=x.h0 is not None, STORE_HT=final is not None, IEEE=x.ieee, num_warps=8)
-        state_pass(segments.layout, ws.seg_init, None, 0)
+        state_pass(segments.layout, ws.seg_init, None, 0, fuse_output)
     if not fuse_output and lay.NT:
         _chunk_output_kernel[lambda meta: (lay.NT, x.HV, triton.cdiv(x.V, meta["BV"]))](
             x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale, **shape)

@@ -109,9 +109,11 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
     """Whether the output pass folds into the state pass by default: many short sequences of about
-    equal length, K >= 128 (see FUSE_OUTPUT_MAX_LEN); never with the chunk-parallel pass (segments)."""
-    return (segments is None and layout.max_len <= FUSE_OUTPUT_MAX_LEN and layout.N * HV >= FUSE_OUTPUT_MIN_HEADS
-            and K >= FUSE_OUTPUT_MIN_K and layout.max_len * layout.N <= FUSE_OUTPUT_MAX_IMBALANCE * layout.tokens)
+    equal length, K >= 128 (see FUSE_OUTPUT_MAX_LEN). With the chunk-parallel pass the walks are the
+    segments', so the rule applies to them."""
+    lay = layout if segments is None else segments.layout
+    return (lay.max_len <= FUSE_OUTPUT_MAX_LEN and lay.N * HV >= FUSE_OUTPUT_MIN_HEADS and K >= FUSE_OUTPUT_MIN_K
+            and lay.max_len * lay.N <= FUSE_OUTPUT_MAX_IMBALANCE * lay.tokens)
 
 
 def chunk_fused_gdn(

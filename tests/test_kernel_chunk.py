@@ -108,7 +108,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         for variant, stages in (("chunk", True), ("fused", False), ("cp", False)):
             try:
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw,
-                                                   fuse_output=variant == "fused" and case["fuse_output"],
+                                                   fuse_output=variant != "chunk" and case["fuse_output"],
                                                    final_state=kw["output_final_state"],
                                                    segments=segments if variant == "cp" else None)
                 for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
@@ -127,7 +127,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                                                                fuse_output=case["fuse_output"])
                     else:
                         o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws,
-                                                               segments=segments)
+                                                               fuse_output=case["fuse_output"], segments=segments)
                 finally:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "chunk_offsets": layout.chunk_offsets}
@@ -197,9 +197,10 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
                     kernel.cache.clear()
                 # cp reruns the state pass's kernel over segments: its block widths are the other
-                # variants' rounds, so one round of it covers the scan and the segment modes
+                # variants' rounds, so one round of it (with and without the output fused in) covers the
+                # scan and the segment modes
                 variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
-                            *([("cp", False, False)] if i == 0 else []))
+                            *([("cp", False, False), ("cp-out", False, True)] if i == 0 else []))
                 for variant, stages, fuse in variants:
                     bufs.clear()
 
@@ -210,7 +211,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                                                  chunk_offsets=guarded(x.chunk_offsets))
 
                     lay = guarded_layout(lay0)
-                    segs = None if variant != "cp" else chunk.SegmentLayout(
+                    segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets))
                     NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
@@ -370,7 +371,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     B, T, HV = kw["v"].shape[:3]
     flat = {"gc": ref.gc, "Ai": ref.A_inv, "W": ref.W, "U": ref.U, "v_new": ref.v_new}
     expect = {"gc", "W", "U"} | ({"Ai"} if variant == "chunk" else set())
-    if not (variant == "fused" and case["fuse_output"]):  # cp: never fused
+    if not (variant != "chunk" and case["fuse_output"]):
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -391,7 +392,7 @@ def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     from gdnbench_kernels import chunk, chunk_fused
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk, chunk_fused) * 3 + 1)
+    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk, chunk_fused) * 3 + 2)
     assert guards["problems"] == {}
 
 
@@ -442,6 +443,16 @@ def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, f
     assert chunk_fused.fuse_output_default(layout, HV, K) is fused
 
 
+def test_with_segments_the_output_rule_looks_at_the_segments():
+    """B=1 T=65536 HV=32: one walk too long to fuse the outputs into, 32 segments of 2048 tokens are not."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    layout = chunk.ChunkLayout.build(1, 65536, None, CPU)
+    assert not chunk_fused.fuse_output_default(layout, 32, 128)
+    assert chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 32))
+    assert not chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 64))
+
+
 def test_interpreted_run_time(interpreted):
     """The whole subprocess (kernel cases and the CLI run) stays small on a CPU."""
     assert interpreted["wall_s"] < 90, interpreted["wall_s"]
@@ -475,8 +486,6 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
         chunk.SegmentLayout.build(lay, 0)
     kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]
     lay = chunk.ChunkLayout.build(1, 334, kw["cu_seqlens"], CPU)
-    with pytest.raises(ValueError, match="without fuse_output"):
-        chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(lay, 2), fuse_output=True)
     other = chunk.ChunkLayout.build(1, 334, torch.tensor([0, 334]), CPU)
     with pytest.raises(ValueError, match="must cut this batch's layout"):
         chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))

@@ -27,11 +27,13 @@ def _candidates():
     from gdnbench_kernels import chunk, chunk_fused
 
     # (module, kernel, its configs, the launcher that runs it: chunk_gdn, or chunk_fused_gdn with the
-    # output pass, with the output folded into the state pass, or with the chunk-parallel state pass)
+    # output pass, with the output folded into the state pass, or with the chunk-parallel state pass
+    # without or with the output folded in)
     kernels = [(chunk_fused, "_chunk_prep_kernel", chunk_fused.PREP_CONFIGS, "fused"),
                (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "fused-output"),
                (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "chunk"),
                (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "cp"),
+               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "cp-output"),
                (chunk, "_chunk_output_kernel", chunk.OUTPUT_CONFIGS, "chunk")]
     return [(module, name, i, run) for module, name, configs, run in kernels for i in range(len(configs))]
 
@@ -50,9 +52,9 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
     from gdnbench_kernels import chunk, chunk_fused
 
     layout = chunk.ChunkLayout.build(2, 300, None, DEVICE)
-    segments = chunk.SegmentLayout.build(layout, 2) if run == "cp" else None  # 3 segments a sequence
+    segments = chunk.SegmentLayout.build(layout, 2) if run.startswith("cp") else None  # 3 segments a sequence
     ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=run == "chunk", raw_gate=False,
-                                       fuse_output=run == "fused-output", final_state=True, segments=segments)
+                                       fuse_output=run.endswith("-output"), final_state=True, segments=segments)
     out = torch.full_like(kw["v"], float("nan"))
     if run == "chunk":
         def call() -> None:
@@ -60,7 +62,7 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
     else:
         def call() -> None:
             chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=run == "fused-output", segments=segments)
+                                        fuse_output=run.endswith("-output"), segments=segments)
 
     measure(call, device=DEVICE, config=SHORT)
     if DEVICE.type == "cuda":

@@ -42,6 +42,13 @@ def test_output_pass_variants_agree():
     assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 7, row
 
 
+def test_segment_sizes_agree():
+    """The chunk-parallel pass at 1 and 2 chunks a segment gives the sequential pass's outputs (T=40 is
+    one chunk: one segment a sequence either way, which still runs every kernel of the segment path)."""
+    (row,) = _sweep("segments", "smoke", "-k", CASE, "-s", "1", "-s", "2")
+    assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 9, row
+
+
 def test_a_malformed_config_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", "configs", "smoke",
                           "-c", "64,4"], cwd=ROOT, capture_output=True, text=True, timeout=120)

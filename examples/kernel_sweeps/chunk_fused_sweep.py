@@ -3,7 +3,9 @@
   configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve + W/U;
                ``state``: the state pass with the output fused in) alone, and time the whole call;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass and with it folded into
-               the state pass, interleaved (A B C A B C ...).
+               the state pass, interleaved (A B C A B C ...);
+  segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
+               several segment sizes, each with the output pass and with the output folded in.
 
 A forced config runs as given (the autotuner prunes only among several), BV masked past the head dim.
 Each row also gives the relative difference of its output from the first row's: every config and
@@ -15,6 +17,7 @@ This reaches into the kernels' internals (their autotuner objects) and is not pa
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=16,T=512,H=8,HV=8,K=64" --kernel prep
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=64,T=64" --kernel state -c 64,4,1 -c 32,8,2
     python -m examples.kernel_sweeps.chunk_fused_sweep fuse-output parity
+    python -m examples.kernel_sweeps.chunk_fused_sweep segments qwen3-next -k prefill -s 16 -s 32 -s 64
 
 On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's interpreter: a correctness check of
 every config, with wall-clock times that mean nothing.
@@ -24,14 +27,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 import triton
 
+from gdnbench.backends.base import Prepared
 from gdnbench.backends.triton_chunk import _prepare
-from gdnbench.problem import make_problem
+from gdnbench.problem import Problem, make_problem
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import TimingConfig, default_timer, measure_interleaved
@@ -79,21 +83,35 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
                   f"  diff {_rel(o, ref):.1e}", flush=True)
 
 
-def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
+def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names: list[str],
+                    variants: Callable[[Problem], list[Prepared]]) -> None:
+    """Times ``variants(problem)`` interleaved on every prefill case, one row per case."""
     s = load_suite(suite)
-    print("case  N*HV  longest  triton.chunk  fused+output pass  fused, output in state pass  (us)  max diff")
+    print("case  N*HV  longest  " + "  ".join(names) + "  (us)  max diff")
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
-        variants = [_prepare(p, fused=False), _prepare(p, fused=True, fuse_output=False),
-                    _prepare(p, fused=True, fuse_output=True)]
-        for v in variants:
+        prepared = variants(p)
+        for v in prepared:
             v.call()
-        outs = [v.outputs().o.clone() for v in variants]
-        ms = measure_interleaved([(v.call, v.reset) for v in variants], device=device, config=_timing(device))
+        outs = [v.outputs().o.clone() for v in prepared]
+        ms = measure_interleaved([(v.call, v.reset) for v in prepared], device=device, config=_timing(device))
         lens = [case.T] * case.B if p.cu_seqlens is None else (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
         times = "  ".join(f"{np.median(m.samples_us):9.1f}" for m in ms)
         print(f"{case.id}  {len(lens) * case.HV}  {max(lens)}  {times}  {max(_rel(o, outs[0]) for o in outs):.1e}",
               flush=True)
+
+
+def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
+    _sweep_variants(suite, pattern, device, ["triton.chunk", "fused+output pass", "fused, output in state pass"],
+                    lambda p: [_prepare(p, fused=False), _prepare(p, fused=True, fuse_output=False),
+                               _prepare(p, fused=True, fuse_output=True)])
+
+
+def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
+    names = ["fused"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")]
+    _sweep_variants(suite, pattern, device, names,
+                    lambda p: [_prepare(p, fused=True)] + [_prepare(p, fused=True, segment_chunks=c, fuse_output=out)
+                                                           for c in sizes for out in (False, True)])
 
 
 def _config(text: str) -> tuple[int, int, int]:
@@ -109,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="sweep", required=True)
     for name, help_ in (("configs", "force each candidate config of one kernel"),
-                        ("fuse-output", "output pass vs output folded into the state pass")):
+                        ("fuse-output", "output pass vs output folded into the state pass"),
+                        ("segments", "the sequential state pass vs the chunk-parallel one")):
         cmd = sub.add_parser(name, help=help_)
         cmd.add_argument("suite", help="a suite YAML file or a shipped suite's name")
         cmd.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
@@ -118,12 +137,17 @@ def main(argv: list[str] | None = None) -> None:
             cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
             cmd.add_argument("-c", "--config", type=_config, action="append",
                              help="BV,WARPS,STAGES to force (repeatable; default: the shipped candidates)")
+        if name == "segments":
+            cmd.add_argument("-s", "--segment-chunks", type=int, action="append",
+                             help="chunks per segment (repeatable; default: 16, 32, 64)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.sweep == "configs":
         sweep_configs(args.suite, args.filter, args.kernel, args.config, device)
-    else:
+    elif args.sweep == "fuse-output":
         sweep_fuse_output(args.suite, args.filter, device)
+    else:
+        sweep_segments(args.suite, args.filter, device, args.segment_chunks or [16, 32, 64])
 
 
 if __name__ == "__main__":
