@@ -118,6 +118,16 @@ def _chunk_bounds(cu_seqlens, chunk_indices, i_c):
 
 
 @triton.jit
+def _chunk_program(HV: tl.constexpr, NV: tl.constexpr):
+    """(global chunk, value head, V-block) of a chunk-parallel kernel's program in its 1-D grid of
+    NT * HV * NV, V-blocks then value heads fastest: the programs that read one q/k tile (a chunk's
+    V-blocks, its GVA value heads) run side by side and share it in L2 instead of each fetching it
+    from memory (with the chunk fastest, they ran NT programs apart)."""
+    pid = tl.program_id(0)
+    return pid // (HV * NV), (pid // NV) % HV, pid % NV
+
+
+@triton.jit
 def _load_tile(base, rows, n_rows, row_stride, cols, n_cols):
     """base[rows, cols] (rows >= n_rows and cols >= n_cols read as 0). Offsets from base are int32
     (the launcher checks a sequence's extent fits); base itself carries the 64-bit sequence offset."""
@@ -264,7 +274,7 @@ def _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV: tl.co
 @triton.jit
 def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, chunk_indices,
                        HV: tl.constexpr, BT: tl.constexpr, RAW_GATE: tl.constexpr):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_h, _ = _chunk_program(HV, 1)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
@@ -277,7 +287,7 @@ def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, 
 def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, cu_seqlens, chunk_indices,
                             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                             L2NORM: tl.constexpr, IEEE: tl.constexpr):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_h, _ = _chunk_program(HV, 1)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
@@ -292,7 +302,7 @@ def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, cu_seqlens, chunk_indices,
 def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, cu_seqlens, chunk_indices,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_h, _ = _chunk_program(HV, 1)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
@@ -423,7 +433,7 @@ _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUS
 def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BK: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
-    i_c, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_h, i_v = _chunk_program(HV, (V + BV - 1) // BV)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     i_hk = i_h // (HV // H)
     rows = i_t * BT + tl.arange(0, BT)
@@ -700,7 +710,7 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
             BV=SCAN_BV, USE_H0=x.h0 is not None, STORE_HT=final is not None, IEEE=x.ieee, num_warps=8)
         state_pass(segments.layout, ws.seg_init, None, 0, fuse_output)
     if not fuse_output and lay.NT:
-        _chunk_output_kernel[lambda meta: (lay.NT, x.HV, triton.cdiv(x.V, meta["BV"]))](
+        _chunk_output_kernel[lambda meta: (lay.NT * x.HV * triton.cdiv(x.V, meta["BV"]),)](
             x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale, **shape)
 
 
@@ -739,7 +749,7 @@ def chunk_gdn(
                out=out, workspace=workspace, stages=True, fuse_output=False)
     lay, ws = x.lay, x.ws
     if lay.NT:
-        grid = (lay.NT, x.HV)
+        grid = (lay.NT * x.HV,)
         beta_f = ws.beta if x.raw else x.beta
         _chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.cu_seqlens,
                                  lay.chunk_indices, HV=x.HV, BT=CHUNK, RAW_GATE=x.raw, num_warps=1)

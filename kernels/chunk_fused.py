@@ -41,7 +41,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds, _chunk_state_fn,
+from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
+                    _chunk_program, _chunk_state_fn,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
                     _state_and_output, _state_prune, _wu_store)
 from .chunk import describe as _describe
@@ -98,7 +99,7 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
                        IEEE: tl.constexpr):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_c, i_h, _ = _chunk_program(HV, 1)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     b_gc, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
@@ -151,7 +152,7 @@ def chunk_fused_gdn(
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments)
     ws = x.ws
     if lay.NT:
-        _chunk_prep_kernel[(lay.NT, x.HV)](
+        _chunk_prep_kernel[(lay.NT * x.HV,)](
             x.k, x.v, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.W, ws.U, lay.cu_seqlens,
             lay.chunk_indices, H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
             RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
