@@ -258,17 +258,32 @@ def _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, valid, i_h, HV: tl
 
 
 @triton.jit
-def _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV: tl.constexpr, K: tl.constexpr,
+def _u_block(b_ai, b_v, b_beta, U, bos, rows, n_tok, i_h, cols, HV: tl.constexpr, V: tl.constexpr,
+             IEEE: tl.constexpr):
+    """U[:, cols] = Ai (beta o V[:, cols]) of one chunk, from the loaded V block b_v."""
+    b_vb = _cast(b_v * b_beta[:, None], b_ai.dtype)
+    _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, b_vb, IEEE))
+
+
+@triton.jit
+def _wu_store(b_ai, b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV: tl.constexpr, K: tl.constexpr,
               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr):
     """W = Ai (beta exp(gc) o K) and U = Ai (beta o V) of one chunk (V in BV-column blocks), stored in
-    W's dtype; b_ai: (I + A)^-1 in the dot dtype."""
+    W's dtype; b_ai: (I + A)^-1 in the dot dtype. b_v0: V's first block (``_v_block``), loaded by the
+    caller before the inverse so that its latency hides behind the solve's serial chain."""
     b_kb = _cast(b_k * (b_beta * tl.exp(b_gc))[:, None], b_ai.dtype)
     _store_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, tl.arange(0, BK), K, _dot(b_ai, b_kb, IEEE))
-    for i_v in range(0, tl.cdiv(V, BV)):
+    _u_block(b_ai, b_v0, b_beta, U, bos, rows, n_tok, i_h, tl.arange(0, BV), HV, V, IEEE)
+    for i_v in range(1, tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         b_v = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V)
-        b_vb = _cast(b_v * b_beta[:, None], b_ai.dtype)
-        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, b_vb, IEEE))
+        _u_block(b_ai, b_v, b_beta, U, bos, rows, n_tok, i_h, cols, HV, V, IEEE)
+
+
+@triton.jit
+def _v_block(v, bos, rows, n_tok, i_h, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
+    """The first [C, BV] block of V of one chunk and value head (for ``_wu_store``)."""
+    return _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, tl.arange(0, BV), V)
 
 
 @triton.jit
@@ -310,7 +325,8 @@ def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, cu_seqlens, chunk_indices,
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
     b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
+    b_v0 = _v_block(v, bos, rows, n_tok, i_h, HV, V, BV)
+    _wu_store(b_ai, b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
 
 
 # ---- (d) the state pass and (e) the output pass (both variants) ----------------------------------------

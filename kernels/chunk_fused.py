@@ -44,7 +44,7 @@ from torch import Tensor
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
                     _chunk_program, _chunk_state_fn,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
-                    _state_and_output, _state_prune, _wu_store)
+                    _state_and_output, _state_prune, _v_block, _wu_store)
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "fuse_output_default", "describe"]
@@ -104,8 +104,10 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
     rows = i_t * BT + tl.arange(0, BT)
     b_gc, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
+    b_v0 = _v_block(v, bos, rows, n_tok, i_h, HV, V, BV)  # in flight during the solve
     b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, A_diag + bos * HV * 16 + i_h * 16, HV * 16, BT, IEEE)
-    _wu_store(_cast(b_ai, b_k.dtype), b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
+    _wu_store(_cast(b_ai, b_k.dtype), b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV,
+              IEEE)
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
