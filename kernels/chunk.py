@@ -65,7 +65,8 @@ them, see tests/sm90.py; without that every tile load is scalar and the counts n
 pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills; with the output fused in
 255 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
 saved launch); the output pass 182 at BV 64, 4 warps.
-Autotuning is limited to (d) and (e), keyed on (K, V, ...) plus triton's dtype key, at most five
+Autotuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, ``chunk_tier``:
+a config tuned on a tiny case must not carry over to large ones) and triton's dtype key, at most five
 candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
 Triton interpreter there is one config per kernel and no tuning; bf16 dots are computed from fp32
 copies there (the interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even
@@ -85,7 +86,8 @@ from torch import Tensor
 from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
 
-__all__ = ["chunk_gdn", "ChunkLayout", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe"]
+__all__ = ["chunk_gdn", "ChunkLayout", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe",
+           "chunk_tier", "state_tier"]
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
@@ -444,9 +446,9 @@ _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUS
                                       prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 
-@triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _bv_prune})
+@triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V", "chunk_tier"], prune_configs_by={"early_config_prune": _bv_prune})
 @triton.jit
-def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale,
+def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale, chunk_tier,
                          H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                          BK: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
     i_c, i_h, i_v = _chunk_program(HV, (V + BV - 1) // BV)
@@ -618,6 +620,15 @@ class ChunkWorkspace:
         )
 
 
+def chunk_tier(NT: int, HV: int) -> int:
+    """Autotuner key of the chunk-parallel kernels (prep, output): 0 below 128 (chunk, value head)
+    pairs, 1 below 2048, 2 above. Without it a kernel was tuned once per head dim, on whichever case
+    came first: parity's one-chunk case (timings a config cannot be told apart by) picked 8 warps for
+    the output pass, which then made parity's larger K = 64 cases 1.2-1.3x slower (H100)."""
+    pairs = NT * HV
+    return 0 if pairs < 128 else 1 if pairs < 2048 else 2
+
+
 def state_tier(N: int, HV: int) -> int:
     """Autotuner key of the state pass: 0 below 64 (sequence, head) pairs (a long single sequence:
     too few programs to fill the GPU, narrow V-blocks win), 1 below 512, 2 above."""
@@ -727,7 +738,8 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
         state_pass(segments.layout, ws.seg_init, None, 0, fuse_output)
     if not fuse_output and lay.NT:
         _chunk_output_kernel[lambda meta: (lay.NT * x.HV * triton.cdiv(x.V, meta["BV"]),)](
-            x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale, **shape)
+            x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale,
+            chunk_tier(lay.NT, x.HV), **shape)
 
 
 def chunk_gdn(

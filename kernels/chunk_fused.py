@@ -42,7 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
-                    _chunk_program, _chunk_state_fn,
+                    _chunk_program, _chunk_state_fn, chunk_tier,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
                     _state_and_output, _state_prune, _v_block, _wu_store)
 from .chunk import describe as _describe
@@ -93,9 +93,10 @@ def _prep_prune(configs, named_args, **kwargs):
     return [triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages) for bv, c in keep.items()]
 
 
-@triton.autotune(configs=PREP_CONFIGS, key=["K", "V"], prune_configs_by={"early_config_prune": _prep_prune})
+@triton.autotune(configs=PREP_CONFIGS, key=["K", "V", "chunk_tier"],
+                 prune_configs_by={"early_config_prune": _prep_prune})
 @triton.jit
-def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu_seqlens, chunk_indices,
+def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu_seqlens, chunk_indices, chunk_tier,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
                        IEEE: tl.constexpr):
@@ -156,7 +157,7 @@ def chunk_fused_gdn(
     if lay.NT:
         _chunk_prep_kernel[(lay.NT * x.HV,)](
             x.k, x.v, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.W, ws.U, lay.cu_seqlens,
-            lay.chunk_indices, H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
+            lay.chunk_indices, chunk_tier(lay.NT, x.HV), H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
             RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
                       output_final_state=output_final_state, segments=segments)

@@ -328,7 +328,7 @@ def test_kernel_compiles_for_sm90(D, index):
     fn = getattr(importlib.import_module(f"gdnbench_kernels.{module}"), name)
     ptr = dict(q="bf16", k="bf16", v="bf16", beta="bf16", a="bf16", b="bf16", Ai="bf16", W="bf16", U="bf16", h="bf16",
                v_new="bf16", o="bf16", cu_seqlens="i64", chunk_indices="i32", chunk_offsets="i32", seg_offsets="i32")
-    scalars = {"scale": "fp32", "state_tier": "i32"}
+    scalars = {"scale": "fp32", "state_tier": "i32", "chunk_tier": "i32"}
     sig = {arg: "constexpr" if arg in const else scalars.get(arg) or f"*{ptr.get(arg, 'fp32')}" for arg in fn.arg_names}
     compile_sm90(fn, sig, const, interpreted=chunk.INTERPRETED, num_warps=warps)
 
@@ -529,6 +529,8 @@ def test_state_candidates_follow_the_parallelism_tier():
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
     assert len(picked[1]) == 4
     assert [chunk.state_tier(1, 32), chunk.state_tier(16, 8), chunk.state_tier(64, 32)] == [0, 1, 2]
+    # parity's one-chunk case tunes apart from its B=16 T=512 HV=8 one, and that from B=1 T=4096 HV=32
+    assert [chunk.chunk_tier(1, 1), chunk.chunk_tier(128, 8), chunk.chunk_tier(64, 32)] == [0, 1, 2]
 
 
 def test_a_workspace_must_fit_the_variant():
