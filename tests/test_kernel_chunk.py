@@ -528,7 +528,10 @@ def test_state_candidates_follow_the_parallelism_tier():
     assert {c.kwargs["BV"] for c in picked[0]} == {16, 32, 64} and len(picked[0]) == 5
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
     assert len(picked[1]) == 4
-    assert [chunk.state_tier(1, 32), chunk.state_tier(16, 8), chunk.state_tier(64, 32)] == [0, 1, 2]
+    assert [chunk.state_tier(1, 32, 4096), chunk.state_tier(16, 8, 512), chunk.state_tier(64, 32, 64)] == [3, 4, 2]
+    assert chunk.state_tier(1, 1, 63) == 0  # one short walk: tuned apart from the long ones
+    few = chunk._state_prune_by_tier(chunk.STATE_CONFIGS, {**args, "state_tier": 3})
+    assert [str(c) for c in few] == [str(c) for c in picked[0]]
     # parity's one-chunk case tunes apart from its B=16 T=512 HV=8 one, and that from B=1 T=4096 HV=32
     assert [chunk.chunk_tier(1, 1), chunk.chunk_tier(128, 8), chunk.chunk_tier(64, 32)] == [0, 1, 2]
 
