@@ -28,7 +28,9 @@ launch and no h round trip instead of parallelism over chunks, which ``chunk_fus
 sequences. Both variants share (d) and (e) and every device function below. (d) can also run
 chunk-parallel (``SegmentLayout``, used by chunk_fused: the state of each segment of a sequence from
 zero and its transition, a scan over segments (``_segment_scan_kernel``), then (d) over all segments at
-once from their entering states), for a few long sequences; unmeasured on a GPU so far.
+once from their entering states), for a few long sequences. On an H100 it lost to the sequential pass
+at every segment size and qwen3-next case measured (1.2-1.4x slower, BENCHMARKS.md): at those sizes
+the plain pass is bandwidth-, not latency-bound, and this one does three walks' work.
 
 Layout: every token-indexed buffer is flat over tokens ([B * T, heads, dim], the canonical tensors'
 own memory), and every kernel finds its sequence through ``cu_seqlens`` (a padded batch gets b * T

@@ -26,7 +26,7 @@ old solve (425 us) mostly in the inverse's serial chain; (3) another launch and 
 (2 x K x V bytes per chunk and head, as much as all inputs together at C = 64, K = V = 128 in bf16)
 on short sequences. For a few long sequences the state pass can run chunk-parallel instead
 (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined by a scan; the backend
-triton.chunk_fused_cp), which is not measured on a GPU yet.
+triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next on an H100.
 
 The prep kernel runs 4-warp programs, two per SM, whose latency-bound inverses overlap (an 8-warp
 program per SM was 1.05-1.4x slower in every case measured, see PREP_CANDIDATES). Registers at

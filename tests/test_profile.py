@@ -40,3 +40,24 @@ def test_profile_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     res = CliRunner().invoke(app, ["profile", "smoke"])
     assert res.exit_code == 2 and "needs a CUDA device" in res.output
+
+
+def test_external_mode_brackets_one_warmed_call(monkeypatch):
+    """--external: the warm-up calls (autotuning) run before cudaProfilerStart, exactly one call inside."""
+    events = []
+
+    @backend("fake.marked", ops={"prefill"}, devices={"cpu"})
+    def fake(p):
+        return Prepared(call=lambda: events.append("call"), outputs=lambda: None)
+
+    class Cudart:
+        def cudaProfilerStart(self):
+            events.append("start")
+
+        def cudaProfilerStop(self):
+            events.append("stop")
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    prof_mod.mark_one_call(fake, make_problem(Case(op="prefill", B=1, T=8, H=1, D=8), 0), warmup=2)
+    assert events == ["call", "call", "start", "call", "stop"]

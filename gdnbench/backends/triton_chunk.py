@@ -101,8 +101,9 @@ def triton_chunk_fused(p: Problem) -> Prepared:
     return _prepare(p, fused=True)
 
 
-# tokens of a segment in triton.chunk_fused_cp: 32 chunks, so that B=1 T=65536 has 32 segments (a guess,
-# not yet measured: the scan's fp32 M and L traffic grows as segments shrink, the walk as they grow)
+# chunks per segment in triton.chunk_fused_cp: the fastest of 8, 16, 32 and 64 on an H100 at B=1 T=8192 to
+# 65536 among those whose segments (2048 tokens) take the outputs folded in by the default rule; every
+# size lost to triton.chunk_fused's sequential pass (BENCHMARKS.md, `chunk_fused_sweep segments`)
 CP_SEGMENT_CHUNKS = 32
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from gdnbench.cli.common import console, die, select
 from gdnbench.problem import make_problem
-from gdnbench.profile import profile_backend
+from gdnbench.profile import mark_one_call, profile_backend
 
 
 def profile(
@@ -20,11 +20,17 @@ def profile(
     filter_: Optional[str] = typer.Option(None, "--filter", "-k", help="Only cases whose id contains TEXT."),
     calls: int = typer.Option(10, min=1, help="Profiled calls per (case, backend), after 3 warm-up calls."),
     top: int = typer.Option(12, min=1, help="Kernels shown per (case, backend), slowest first."),
+    external: bool = typer.Option(False, "--external", help="No torch.profiler: bracket one warmed call per "
+                                  "(case, backend) with cudaProfilerStart/Stop, for a profiler started with "
+                                  "--profile-from-start off (ncu, nsys)."),
 ) -> None:
     """Split each backend's call into its GPU kernels: launches per call, mean and total microseconds.
 
     Needs a CUDA device. Kernel time is device busy time (launch gaps excluded), so its total can be
     below the graph timer's median. Outputs are not checked here: `gdnbench run` does that.
+
+    With --external, Nsight Compute sees each kernel of one call and none of the warm-up (autotuning):
+    ncu --profile-from-start off --section SpeedOfLight --section Occupancy gdnbench profile SUITE -k CASE -b BACKEND --external
     """
     if not torch.cuda.is_available():
         die("gdnbench profile needs a CUDA device (it reads GPU kernel times)")
@@ -38,6 +44,10 @@ def profile(
                 console.print(f"[dim]{case.id} / {b.name}: skipped ({why})[/dim]")
                 continue
             try:
+                if external:
+                    mark_one_call(b, problem)
+                    console.print(f"{case.id} / {b.name}: one call marked for the external profiler")
+                    continue
                 stats = profile_backend(b, problem, calls=calls)
             except Exception as e:  # one backend's failure must not end the others' profiles
                 console.print(f"[red]{case.id} / {b.name}: {type(e).__name__}: {e}[/red]")
