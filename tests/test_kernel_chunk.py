@@ -536,6 +536,20 @@ def test_state_candidates_follow_the_parallelism_tier():
     assert [chunk.chunk_tier(1, 1), chunk.chunk_tier(128, 8), chunk.chunk_tier(64, 32)] == [0, 1, 2]
 
 
+def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
+    """Keyed on head dims alone, a kernel is tuned by whichever case of a dim runs first: parity's
+    one-chunk case chose the output pass's and the state pass's configs for its larger cases (1.2-1.3x
+    slower on an H100). Every autotuned chunk kernel keys on a size tier, whose bounds split one chunk
+    from many and a short walk from a long one."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    for kernel in (chunk._chunk_state_kernel, chunk._chunk_output_kernel, chunk_fused._chunk_prep_kernel,
+                   chunk_fused._state_kernel):
+        assert {"state_tier", "chunk_tier"} & set(kernel.keys), kernel.keys
+    assert chunk.chunk_tier(1, 1) != chunk.chunk_tier(128, 8)
+    assert chunk.state_tier(1, 1, 63) != chunk.state_tier(4, 8, 2048)
+
+
 def test_a_workspace_must_fit_the_variant():
     from gdnbench_kernels import chunk
 
