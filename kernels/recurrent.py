@@ -31,14 +31,16 @@ graphs, triton 3.6) V-first was faster in every case measured: bf16 pool B=256 T
 K-first, T=4 344 vs 527 us, fp32 pool B=256 T=1 368 vs 374 us, because the per-token reductions over K
 stay inside a warp.
 
-Tunables are BV and num_warps, picked by a small ``triton.autotune`` keyed on (K, V, pool, per-token
-slots, layout, a tier of parallelism and of tokens per sequence; triton adds the argument dtypes):
-(BV, num_warps) in (8, 1), (8, 2), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8), (32, 16), (64, 4),
-(64, 8), (64, 16), num_stages 2, pruned per shape to BV <= next_pow2(V) and 4..64 state elements per
-thread (more spills on sm_90). On the H100 several tokens per sequence picked (8, 1), one token and a
-large batch (32, 8). A pool launch is tuned once per key on a scratch
-copy of its slots, never on the live pool. Under the Triton interpreter there is one config (BV 32,
-4 warps) and no tuning. The config that ran is recorded: ``best_config(tune_key(...))``.
+Tunables are BV and num_warps: (BV, num_warps) in (8, 1), (8, 2), (16, 2), (16, 4), (16, 8), (32, 4),
+(32, 8), (32, 16), (64, 4), (64, 8), (64, 16), num_stages 2, pruned per shape to BV <= next_pow2(V) and
+4..64 state elements per thread (more spills on sm_90). The first launch of each key (``tune_key``: K,
+V, pool, per-token slots, layout, a tier of parallelism and of tokens per sequence; plus the argument
+dtypes) times the candidates side by side (``tuning.fastest``: CUDA graphs, interleaved rounds, L2
+flushed) and keeps the fastest. On an H100 (forced one by one, interleaved) one token and a large batch
+ran fastest at (64, 8) with an fp32 pool and (32, 8) with bf16, two tokens at B=256 at (64, 4) / (32, 4),
+four tokens at (8, 1), per-token slots at BV 64. A pool launch is tuned on a scratch copy of its slots,
+never on the live pool. Under the Triton interpreter there is one config (BV 32, 4 warps) and no tuning.
+The config that ran is recorded: ``best_config(tune_key(...))``.
 
 Several tokens per sequence (T > 1 or varlen: ``PREFETCH``): token t + 1's inputs are loaded before
 token t's math and stores, so a sequence waits for one load latency instead of one per token (a load
@@ -59,6 +61,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .inputs import check_inputs, output_buffer
+from .tuning import fastest
 
 __all__ = ["recurrent_gdn", "tune_key", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
 
@@ -143,8 +146,6 @@ def _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, n_k, n_v, has):
             tl.load(p_y, mask=has, other=0.0).to(tl.float32))
 
 
-@triton.autotune(configs=CONFIGS, key=["K", "V", "IS_POOL", "PER_TOKEN", "V_FIRST", "tune_tier"],
-                 prune_configs_by={"early_config_prune": _prune})
 @triton.jit
 def _recurrent_gdn_kernel(
     q, k, v, g, beta, a, b, A_log, dt_bias,   # inputs (g/beta or a/b/A_log/dt_bias: the others are None)
@@ -152,7 +153,7 @@ def _recurrent_gdn_kernel(
     h0, ht,                                   # [N, HV, K, V] fp32 initial / final state (or None)
     pool, slot_idx, accepted,                 # [S, HV, K, V] pool, [N] or [N, T] int32 slots, [N] (or None)
     cu_seqlens,                               # [N + 1] int64 (or None: padded batch)
-    scale, T, tune_tier,                      # tune_tier: only a key of the autotuner
+    scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
     PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
@@ -277,14 +278,14 @@ def _recurrent_gdn_kernel(
 try:
     from triton.runtime.interpreter import InterpretedFunction as _Interpreted
 
-    INTERPRETED: bool = isinstance(_recurrent_gdn_kernel.fn, _Interpreted)
+    INTERPRETED: bool = isinstance(_recurrent_gdn_kernel, _Interpreted)
 except ImportError:  # pragma: no cover - older layouts of triton
     INTERPRETED = _INTERPRET_ENV
 
 # ---- launcher -----------------------------------------------------------------------------------------
 
 _CHOSEN: dict[tuple, dict] = {}  # tune_key -> config of the latest launch with that key
-_TUNED: set[tuple] = set()  # (tune_key, dtypes) already tuned on a scratch pool
+_TUNED: dict[tuple, triton.Config] = {}  # (tune_key, argument dtypes) -> the fastest candidate
 
 
 TuneKey = tuple[int, int, bool, bool, bool, int]
@@ -292,14 +293,17 @@ TuneKey = tuple[int, int, bool, bool, bool, int]
 
 def tune_key(K: int, V: int, *, pool: bool, N: int, HV: int, T: int, per_token: bool = False,
              v_first: bool = False) -> TuneKey:
-    """The autotuner's key for a launch: (K, V, pool, per-token slots, V-first state, tier).
+    """The tuning key of a launch: (K, V, pool, per-token slots, V-first state, tier).
 
-    The tier folds the parallelism of N * HV heads (< 256, < 2048, more), which separates small decode
-    batches (many narrow programs) from large ones, with one token or several per sequence (a token
-    loop, whose per-token reductions favour fewer warps): tier = heads tier + 3 * (T > 1).
+    The tier folds the parallelism of N * HV heads (< 64, < 512, < 4096, more: small decode batches
+    want many narrow programs, large ones wide blocks) with the tokens per sequence (1, 2, more: a token
+    loop's serial reductions favour fewer warps): tier = heads tier + 4 * tokens tier. A key's first
+    launch picks the config for every launch with that key, so one key must not span shapes whose best
+    configs differ: on an H100, T=2 and T=4 at B=256 (HV=32) ran fastest at (64, 4) and (8, 1), 9% and
+    16% apart, and the old tier (T > 1) kept whichever came first.
     """
     heads = N * HV
-    tier = (0 if heads < 256 else 1 if heads < 2048 else 2) + 3 * (T > 1)
+    tier = (0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3) + 4 * (0 if T <= 1 else 1 if T == 2 else 2)
     return (K, V, bool(pool), bool(per_token), bool(v_first), tier)
 
 
@@ -401,32 +405,33 @@ def recurrent_gdn(
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
 
-    def launch(o_: Tensor, pool_: Tensor | None, slots_: Tensor | None) -> None:
-        def grid(meta):
-            return (N * HV, triton.cdiv(V, meta["BV"]))
-
-        _recurrent_gdn_kernel[grid](
+    def launch(cfg: triton.Config, o_: Tensor, pool_: Tensor | None, slots_: Tensor | None) -> None:
+        _recurrent_gdn_kernel[(N * HV, triton.cdiv(V, cfg.kwargs["BV"]))](
             q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, num_accepted_tokens, cu_seqlens,
-            scale, T, key[-1],
+            scale, T,
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
             STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
-            L2NORM=qk_l2norm, PREFETCH=cu_seqlens is not None or T > 1,
+            L2NORM=qk_l2norm, PREFETCH=cu_seqlens is not None or T > 1, **cfg.kwargs, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
 
-    # triton's autotuner caches on its key values plus the dtype of every tensor argument: the same
-    # information (and a bit more) here, so a key seen below is a key the autotuner has cached
+    # the argument dtypes select another compiled kernel, so they belong to the key
     tensors = (q, k, v, g, beta, a, b, A_log, dt_bias, out, h0, ht, state_pool, slot_idx, num_accepted_tokens,
                cu_seqlens)
     full_key = (key, tuple(None if t is None else str(t.dtype) for t in tensors))
-    if is_pool and len(CONFIGS) > 1 and full_key not in _TUNED:
-        # The autotuner runs every candidate several times: on the live pool that would advance the
-        # state many steps. Tune once per key on a scratch copy of the slots this launch touches (same
-        # dtypes and key, so the real launch below finds the autotuner's cache filled).
-        flat = slot_idx.reshape(-1)
-        scratch_slots = torch.where(flat >= 0, torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device), flat)
-        launch(torch.empty_like(out), state_pool.index_select(0, flat.clamp(min=0).long()),
-               scratch_slots.view_as(slot_idx))
-    _TUNED.add(full_key)
-    launch(out, state_pool, slot_idx)
-    _CHOSEN[key] = _config_dict(_recurrent_gdn_kernel.best_config)
+    if full_key not in _TUNED:
+        candidates = CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, {"BK": BK, "V": V})
+        if is_pool and len(candidates) > 1:
+            # Tuning runs every candidate many times: on the live pool that would advance the state
+            # many steps. Tune on a scratch copy of the slots this launch touches instead.
+            flat = slot_idx.reshape(-1)
+            scratch_slots = torch.where(flat >= 0, torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device),
+                                        flat).view_as(slot_idx)
+            scratch, scratch_out = state_pool.index_select(0, flat.clamp(min=0).long()), torch.empty_like(out)
+            _TUNED[full_key] = fastest(lambda c: launch(c, scratch_out, scratch, scratch_slots), candidates, q.device)
+        else:  # nothing is updated in place
+            _TUNED[full_key] = fastest(lambda c: launch(c, out, state_pool, slot_idx), candidates, q.device)
+    cfg = _TUNED[full_key]
+    launch(cfg, out, state_pool, slot_idx)
+    _CHOSEN[key] = _config_dict(cfg)
     return out, ht

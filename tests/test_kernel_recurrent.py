@@ -338,43 +338,65 @@ def test_prune_caps_bv_at_v_and_drops_idle_or_spilling_tiles():
 
 
 def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
-    """On a GPU the autotuner runs each candidate many times: never on the live pool."""
+    """On a GPU tuning runs each candidate many times: never on the live pool."""
     import triton
 
     from gdnbench_kernels import recurrent as kern
 
-    calls = []
+    calls, tunings = [], []
 
-    class FakeKernel:  # what `kernel[grid](*args, **kw)` and `.best_config` give
-        best_config = triton.Config({"BV": 16}, num_warps=2, num_stages=2)
-
+    class FakeKernel:  # what `kernel[grid](*args, **kw)` gives
         def __getitem__(self, grid):
             return lambda *args, **kw: calls.append((grid, args, kw))
 
+    def fake_fastest(run, candidates, device):
+        tunings.append(len(candidates))
+        for c in candidates:
+            run(c)
+        return candidates[-1]
+
+    candidates = [triton.Config({"BV": 8}, num_warps=1, num_stages=2), triton.Config({"BV": 16}, num_warps=2, num_stages=2)]
     monkeypatch.setattr(kern, "_recurrent_gdn_kernel", FakeKernel())
-    monkeypatch.setattr(kern, "CONFIGS", [None, None])  # as on a GPU: more than one candidate
-    monkeypatch.setattr(kern, "_TUNED", set())
+    monkeypatch.setattr(kern, "CONFIGS", candidates)  # as on a GPU: more than one candidate
+    monkeypatch.setattr(kern, "fastest", fake_fastest)
+    monkeypatch.setattr(kern, "_TUNED", {})
     monkeypatch.setattr(kern, "_CHOSEN", {})
     kw = BY_NAME["decode-padding-T2"]["kw"]  # slots [2, -1, 5, -1] in a pool of 8
     pool = kw["state_pool"].clone()
     kern.recurrent_gdn(**{**kw, "state_pool": pool})
-    assert len(calls) == 2
-    (grid, scratch, _), (_, live, meta) = calls
-    assert scratch[12] is not pool and torch.equal(scratch[12], pool[[2, 0, 5, 0]])
-    assert scratch[13].tolist() == [0, -1, 2, -1] and scratch[13].dtype == torch.int32
+    assert tunings == [2] and len(calls) == 3
+    for grid, scratch, _ in calls[:2]:  # each candidate on the scratch copy
+        assert scratch[12] is not pool and torch.equal(scratch[12], pool[[2, 0, 5, 0]])
+        assert scratch[13].tolist() == [0, -1, 2, -1] and scratch[13].dtype == torch.int32
+    assert [grid for grid, _, _ in calls[:2]] == [(4 * 2, 2), (4 * 2, 1)]  # BV 8 and 16 over V = 16
+    (grid, live, meta) = calls[2]
     assert live[12] is pool and live[13] is kw["slot_idx"] and meta["IS_POOL"] and meta["BK"] == 16
-    assert grid({"BV": 16}) == (4 * 2, 1) and grid({"BV": 8}) == (8, 2)
+    assert grid == (8, 1) and meta["BV"] == 16 and meta["num_warps"] == 2  # the pick
     kern.recurrent_gdn(**{**kw, "state_pool": pool})
-    assert len(calls) == 3  # the key is tuned: straight to the live pool
+    assert tunings == [2] and len(calls) == 4  # the key is tuned: straight to the live pool
     kern.recurrent_gdn(**{**kw, "state_pool": pool.to(torch.bfloat16)})
-    assert len(calls) == 5  # another pool dtype is another autotuner key
+    assert tunings == [2, 2] and len(calls) == 7  # another pool dtype is another key
     assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, HV=2, T=2)) == {"BV": 16, "num_warps": 2,
                                                                             "num_stages": 2}
     assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, HV=2, T=2)) is None
     prefill = BY_NAME["prefill-varlen"]["kw"]
     kern.recurrent_gdn(**prefill)
-    assert len(calls) == 6  # nothing in place: the autotuner may run on the real buffers
-    assert calls[-1][0]({"BV": 16}) == (5 * 4, 1)  # N from cu_seqlens' shape, never its values
+    assert len(calls) == 10  # nothing in place: tuning runs on the real buffers
+    assert all(c[1][9] is calls[-1][1][9] for c in calls[-3:])  # the candidates wrote the real output
+    assert calls[-1][0] == (5 * 4, 1)  # N from cu_seqlens' shape, never its values
+
+
+def test_tune_key_separates_shapes_whose_best_configs_differ():
+    """Tiers by heads (<64, <512, <4096, more) and tokens per sequence (1, 2, more)."""
+    from gdnbench_kernels import recurrent as kern
+
+    def tier(N, HV, T):
+        return kern.tune_key(128, 128, pool=True, N=N, HV=HV, T=T)[-1]
+
+    assert tier(1, 32, 1) != tier(8, 16, 1)  # a 3 us launch and an 8 us one
+    assert tier(256, 32, 2) != tier(256, 32, 4)  # (64, 4) vs (8, 1) on an H100
+    assert tier(256, 32, 4) == tier(256, 32, 8) and tier(256, 32, 1) == tier(512, 32, 1)
+    assert len({tier(N, 32, T) for N in (1, 8, 64, 256) for T in (1, 2, 4)}) == 12
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -427,5 +449,5 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
         ([] if const["STORE_HT"] else ["ht"]) + ([] if const["IS_VARLEN"] else ["cu_seqlens"])
     const.update(dict.fromkeys(unused))
     sig = {name: "constexpr" if name in const else f"*{t}" for name, t in ptr.items()}
-    sig.update(scale="fp32", T="i32", tune_tier="i32", **dict.fromkeys(const, "constexpr"))
+    sig.update(scale="fp32", T="i32", **dict.fromkeys(const, "constexpr"))
     compile_sm90(kern._recurrent_gdn_kernel, sig, const, interpreted=kern.INTERPRETED, num_warps=warps)
