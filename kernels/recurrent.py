@@ -1,6 +1,7 @@
 """Fused recurrent gated delta rule (decode and short prefill), Triton.
 
-One program per (sequence, value head, V-block). The program keeps its [BK, BV] slice of the state
+One work item per (sequence, value head, V-block), ITEMS of them per program one after the other (a
+1-D grid, the V-blocks of a head next to each other). An item keeps its [BK, BV] slice of the state
 (K-first, fp32) in registers across all tokens of its sequence and, per token, does the whole step of
 DESIGN.md section 2 without leaving registers:
 
@@ -31,9 +32,12 @@ graphs, triton 3.6) V-first was faster in every case measured: bf16 pool B=256 T
 K-first, T=4 344 vs 527 us, fp32 pool B=256 T=1 368 vs 374 us, because the per-token reductions over K
 stay inside a warp.
 
-Tunables are BV and num_warps: (BV, num_warps) in (8, 1), (8, 2), (16, 2), (16, 4), (16, 8), (32, 4),
-(32, 8), (32, 16), (64, 4), (64, 8), (64, 16), num_stages 2, pruned per shape to BV <= next_pow2(V) and
-4..64 state elements per thread (more spills on sm_90). The first launch of each key (``tune_key``: K,
+Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 2), (16, 4), (16, 8),
+(32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1 or 4 items per program, num_stages 2,
+pruned per shape to BV <= next_pow2(V) and 4..64 state elements per thread (more spills on sm_90).
+Several items per program let a program's stores drain while its next item loads and computes: ncu
+put "drain" (warps waiting at exit for their stores) first among the stalls of the 1-item kernel at
+B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one token prefers 1. The first launch of each key (``tune_key``: K,
 V, pool, per-token slots, layout, a tier of parallelism and of tokens per sequence; plus the argument
 dtypes) times the candidates side by side (``tuning.fastest``: CUDA graphs, interleaved rounds, L2
 flushed) and keeps the fastest. On an H100 (forced one by one, interleaved) one token and a large batch
@@ -71,17 +75,19 @@ _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true",
 
 _EPS: tl.constexpr = tl.constexpr(1e-6)  # q/k L2 norm: x * rsqrt(sum(x^2) + eps), as gdnbench.reference.l2norm
 
-# (BV, num_warps) candidates for a GPU. The state tile is BK x BV fp32 spread over 32 * num_warps
-# threads; configs that would leave threads idle or spill are pruned per shape (_prune).
+# (BV, num_warps) candidates for a GPU, each with every ITEMS count. The state tile is BK x BV fp32 spread
+# over 32 * num_warps threads; configs that would leave threads idle or spill are pruned per shape (_prune).
 _GPU_CANDIDATES = [(8, 1), (8, 2), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8), (32, 16), (64, 4), (64, 8),
                    (64, 16)]
+_ITEMS = (1, 4)
 _NUM_STAGES = 2  # lets the token loop prefetch the next token's q/k/v in a prefill
 if _INTERPRET_ENV:
     # The interpreter runs every program in numpy: one config, no benchmarking (autotune is skipped
     # for a single config). BV = 32 still splits V = 60 / 64 into two blocks, the second masked for 60.
-    CONFIGS = [triton.Config({"BV": 32}, num_warps=4, num_stages=1)]
+    CONFIGS = [triton.Config({"BV": 32, "ITEMS": 1}, num_warps=4, num_stages=1)]
 else:
-    CONFIGS = [triton.Config({"BV": bv}, num_warps=w, num_stages=_NUM_STAGES) for bv, w in _GPU_CANDIDATES]
+    CONFIGS = [triton.Config({"BV": bv, "ITEMS": items}, num_warps=w, num_stages=_NUM_STAGES)
+               for bv, w in _GPU_CANDIDATES for items in _ITEMS]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -91,11 +97,13 @@ def _prune(configs, named_args, **kwargs):
     for c in configs:
         bv = min(c.kwargs["BV"], triton.next_power_of_2(V))  # BV beyond V only masks more columns
         per_thread = BK * bv / (32 * c.num_warps)
-        if per_thread < 4 or per_thread > 64 or (bv, c.num_warps) in seen:
+        key = (bv, c.kwargs["ITEMS"], c.num_warps)
+        if per_thread < 4 or per_thread > 64 or key in seen:
             continue
-        seen.add((bv, c.num_warps))
-        keep.append(triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
-    return keep or [triton.Config({"BV": min(32, triton.next_power_of_2(V))}, num_warps=4, num_stages=_NUM_STAGES)]
+        seen.add(key)
+        keep.append(triton.Config({**c.kwargs, "BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
+    return keep or [triton.Config({"BV": min(32, triton.next_power_of_2(V)), "ITEMS": 1}, num_warps=4,
+                                  num_stages=_NUM_STAGES)]
 
 
 # The interpreter's fp32 -> bf16 cast truncates (a GPU rounds to nearest even), which would put a bf16
@@ -153,14 +161,32 @@ def _recurrent_gdn_kernel(
     h0, ht,                                   # [N, HV, K, V] fp32 initial / final state (or None)
     pool, slot_idx, accepted,                 # [S, HV, K, V] pool, [N] or [N, T] int32 slots, [N] (or None)
     cu_seqlens,                               # [N + 1] int64 (or None: padded batch)
-    scale, T,
+    scale, T, NH,                             # NH: N * HV
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
+    PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
+    PREFETCH: tl.constexpr, BV: tl.constexpr, ITEMS: tl.constexpr,
+):
+    # ITEMS work items (sequence and value head, V-block) per program, one after the other, V-blocks of
+    # a head next to each other: a program's stores drain while its next item loads and computes
+    NV: tl.constexpr = (V + BV - 1) // BV
+    for it in range(ITEMS):
+        item = tl.program_id(0) * ITEMS + it  # 1-D grid: N * HV can pass 65535 (the limit of axes 1, 2)
+        if item < NH * NV:
+            _recurrent_item(item // NV, item % NV, q, k, v, g, beta, a, b, A_log, dt_bias, o, h0, ht, pool, slot_idx,
+                            accepted, cu_seqlens, scale, T, H, HV, K, V, BK, IS_VARLEN, USE_H0, STORE_HT, IS_POOL,
+                            PER_TOKEN, V_FIRST, RAW_GATE, L2NORM, PREFETCH, BV)
+
+
+@triton.jit
+def _recurrent_item(
+    i_nh, i_v, q, k, v, g, beta, a, b, A_log, dt_bias, o, h0, ht, pool, slot_idx, accepted, cu_seqlens, scale, T,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
     PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
     PREFETCH: tl.constexpr, BV: tl.constexpr,
 ):
-    i_nh = tl.program_id(0)  # N * HV can pass 65535 (the limit of grid axes 1 and 2)
-    i_v = tl.program_id(1)
+    """One work item: sequence and value head i_nh, V-block i_v, all of the sequence's tokens."""
     i_n = i_nh // HV
     i_h = i_nh % HV
     i_hk = i_h // (HV // H)
@@ -320,11 +346,11 @@ def best_config(key: TuneKey) -> dict | None:
 def config_str(cfg: dict | None) -> str:
     if not cfg:
         return "config not tuned yet"
-    return f"BV={cfg['BV']} num_warps={cfg['num_warps']} num_stages={cfg['num_stages']}"
+    return f"BV={cfg['BV']} num_warps={cfg['num_warps']} items={cfg['ITEMS']} num_stages={cfg['num_stages']}"
 
 
 def _config_dict(c: triton.Config) -> dict:
-    return {"BV": c.kwargs["BV"], "num_warps": c.num_warps, "num_stages": c.num_stages}
+    return {"BV": c.kwargs["BV"], "ITEMS": c.kwargs["ITEMS"], "num_warps": c.num_warps, "num_stages": c.num_stages}
 
 
 def recurrent_gdn(
@@ -406,9 +432,10 @@ def recurrent_gdn(
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
 
     def launch(cfg: triton.Config, o_: Tensor, pool_: Tensor | None, slots_: Tensor | None) -> None:
-        _recurrent_gdn_kernel[(N * HV, triton.cdiv(V, cfg.kwargs["BV"]))](
+        items = N * HV * triton.cdiv(V, cfg.kwargs["BV"])
+        _recurrent_gdn_kernel[(triton.cdiv(items, cfg.kwargs["ITEMS"]),)](
             q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, num_accepted_tokens, cu_seqlens,
-            scale, T,
+            scale, T, N * HV,
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
             STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
             L2NORM=qk_l2norm, PREFETCH=cu_seqlens is not None or T > 1, **cfg.kwargs, num_warps=cfg.num_warps,

@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+import triton
 import yaml
 
 from gdnbench.backends import registry
@@ -99,6 +100,11 @@ BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
 # ---- the subprocess -----------------------------------------------------------------------------------
 
+# Every kernel case runs with the interpreter's one config and with 3 work items per program, V-blocks of
+# 16: programs that walk several (sequence, head, V-block) items, the grid's last one short.
+VARIANTS = {"default": None, "items3": [triton.Config({"BV": 16, "ITEMS": 3}, num_warps=4, num_stages=1)]}
+
+
 def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
     """Runs under TRITON_INTERPRET=1: every kernel case, then `gdnbench run` on the suite."""
     from typer.testing import CliRunner
@@ -110,7 +116,9 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         raise AssertionError("host sync in the launcher")
 
     results: dict = {"INTERPRETED": kern.INTERPRETED, "CONFIGS": [str(c) for c in kern.CONFIGS]}
-    for case in torch.load(inputs):
+    default = kern.CONFIGS
+    for case, variant in [(c, v) for v in VARIANTS for c in torch.load(inputs)]:
+        kern.CONFIGS, kern._TUNED = VARIANTS[variant] or default, {}
         kw = dict(case["kw"])
         res: dict = {}
         try:
@@ -130,7 +138,8 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
             res.update(o=o, final=final, pool=pool, out_is_o=("out" in kw and o is kw["out"]))
         except Exception as e:  # reported by the test of that case
             res["error"] = f"{type(e).__name__}: {e}"
-        results[case["name"]] = res
+        results[(case["name"], variant)] = res
+    kern.CONFIGS, kern._TUNED, kern._CHOSEN = default, {}, {}
     t0 = time.perf_counter()
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:], "s": time.perf_counter() - t0}
@@ -204,10 +213,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 O_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 6e-3}  # output rounding to the dtype
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("name", list(BY_NAME))
-def test_kernel_matches_the_fp64_reference(interpreted, name):
+def test_kernel_matches_the_fp64_reference(interpreted, name, variant):
     kw = BY_NAME[name]["kw"]
-    got = interpreted[name]
+    got = interpreted[(name, variant)]
     assert "error" not in got, got.get("error")
     o_ref, final_ref, pool_ref = reference(kw)
     o = got["o"]
@@ -326,7 +336,7 @@ def test_prune_caps_bv_at_v_and_drops_idle_or_spilling_tiles():
 
     from gdnbench_kernels import recurrent as kern
 
-    cands = [triton.Config({"BV": bv}, num_warps=w, num_stages=2) for bv, w in kern._GPU_CANDIDATES]
+    cands = [triton.Config({"BV": bv, "ITEMS": 1}, num_warps=w, num_stages=2) for bv, w in kern._GPU_CANDIDATES]
 
     def kept(V, BK):
         return {(c.kwargs["BV"], c.num_warps) for c in kern._prune(cands, {"V": V}, BK=BK)}
@@ -355,7 +365,8 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
             run(c)
         return candidates[-1]
 
-    candidates = [triton.Config({"BV": 8}, num_warps=1, num_stages=2), triton.Config({"BV": 16}, num_warps=2, num_stages=2)]
+    candidates = [triton.Config({"BV": 8, "ITEMS": 1}, num_warps=1, num_stages=2),
+                  triton.Config({"BV": 16, "ITEMS": 4}, num_warps=2, num_stages=2)]
     monkeypatch.setattr(kern, "_recurrent_gdn_kernel", FakeKernel())
     monkeypatch.setattr(kern, "CONFIGS", candidates)  # as on a GPU: more than one candidate
     monkeypatch.setattr(kern, "fastest", fake_fastest)
@@ -368,22 +379,23 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     for grid, scratch, _ in calls[:2]:  # each candidate on the scratch copy
         assert scratch[12] is not pool and torch.equal(scratch[12], pool[[2, 0, 5, 0]])
         assert scratch[13].tolist() == [0, -1, 2, -1] and scratch[13].dtype == torch.int32
-    assert [grid for grid, _, _ in calls[:2]] == [(4 * 2, 2), (4 * 2, 1)]  # BV 8 and 16 over V = 16
+    # 1-D grids of (sequence, head, V-block) items: 4 * 2 * 2 one per program, 4 * 2 four per program
+    assert [grid for grid, _, _ in calls[:2]] == [(16,), (2,)]
     (grid, live, meta) = calls[2]
     assert live[12] is pool and live[13] is kw["slot_idx"] and meta["IS_POOL"] and meta["BK"] == 16
-    assert grid == (8, 1) and meta["BV"] == 16 and meta["num_warps"] == 2  # the pick
+    assert grid == (2,) and meta["BV"] == 16 and meta["ITEMS"] == 4 and meta["num_warps"] == 2  # the pick
     kern.recurrent_gdn(**{**kw, "state_pool": pool})
     assert tunings == [2] and len(calls) == 4  # the key is tuned: straight to the live pool
     kern.recurrent_gdn(**{**kw, "state_pool": pool.to(torch.bfloat16)})
     assert tunings == [2, 2] and len(calls) == 7  # another pool dtype is another key
-    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, HV=2, T=2)) == {"BV": 16, "num_warps": 2,
-                                                                            "num_stages": 2}
+    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, HV=2, T=2)) == {"BV": 16, "ITEMS": 4,
+                                                                            "num_warps": 2, "num_stages": 2}
     assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, HV=2, T=2)) is None
     prefill = BY_NAME["prefill-varlen"]["kw"]
     kern.recurrent_gdn(**prefill)
     assert len(calls) == 10  # nothing in place: tuning runs on the real buffers
     assert all(c[1][9] is calls[-1][1][9] for c in calls[-3:])  # the candidates wrote the real output
-    assert calls[-1][0] == (5 * 4, 1)  # N from cu_seqlens' shape, never its values
+    assert calls[-1][0] == (5 * 4 // 4,)  # N from cu_seqlens' shape, never its values
 
 
 def test_tune_key_separates_shapes_whose_best_configs_differ():
@@ -426,7 +438,7 @@ def test_launcher_rejects_bad_arguments(bad, needle):
     (256, 256, 32, 8, {"ht": True}),
     (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True,
                        "prefetch": True}),
-    (128, 128, 32, 4, {"pool": "fp32", "v_first": True}),
+    (128, 128, 32, 4, {"pool": "fp32", "v_first": True, "items": 4}),
 ])
 def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
@@ -442,12 +454,12 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
                  PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
                  RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), PREFETCH=bool(mode.get("prefetch")),
-                 BV=BV)
+                 BV=BV, ITEMS=mode.get("items", 1))
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
         ([] if const["USE_H0"] else ["h0"]) + \
         ([] if const["STORE_HT"] else ["ht"]) + ([] if const["IS_VARLEN"] else ["cu_seqlens"])
     const.update(dict.fromkeys(unused))
     sig = {name: "constexpr" if name in const else f"*{t}" for name, t in ptr.items()}
-    sig.update(scale="fp32", T="i32", **dict.fromkeys(const, "constexpr"))
+    sig.update(scale="fp32", T="i32", NH="i32", **dict.fromkeys(const, "constexpr"))
     compile_sm90(kern._recurrent_gdn_kernel, sig, const, interpreted=kern.INTERPRETED, num_warps=warps)
