@@ -399,7 +399,10 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
     # state_tier: only a key of the autotuner. SEGMENT (the chunk-parallel pass, see SegmentLayout; each
     # "sequence" is then a segment): 0 the plain pass; 1 from a zero state, only the final state (ht);
     # 2 the transition M (ht, V = K): the state from the identity with U taken as 0.
-    i_nh, i_v = tl.program_id(0), tl.program_id(1)  # N * HV can pass 65535 (grid axes 1, 2)
+    # 1-D grid, a walk's V-blocks side by side: they read the same W and k tiles, which they then share in
+    # L2 (with the V-block as a second grid axis, every walk's first block ran before any second one)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_nh, i_v = tl.program_id(0) // NV, tl.program_id(0) % NV
     i_n, i_h = i_nh // HV, i_nh % HV
     i_hk = i_h // (HV // H)
     bos = tl.load(cu_seqlens + i_n)
@@ -727,7 +730,7 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
     def state_pass(over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, segment: int,
                    fuse: bool = False) -> None:
         V = x.K if segment == 2 else x.V  # the transition's columns run over K
-        state_kernel[lambda meta: (over.N * x.HV, triton.cdiv(V, meta["BV"]))](
+        state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
             x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.chunk_offsets, x.scale,
             state_tier(over.N, x.HV, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
             FUSE_OUTPUT=fuse, SEGMENT=segment, **{**shape, "V": V})
