@@ -37,14 +37,15 @@ Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 2)
 pruned per shape to BV <= next_pow2(V) and 4..64 state elements per thread (more spills on sm_90).
 Several items per program let a program's stores drain while its next item loads and computes: ncu
 put "drain" (warps waiting at exit for their stores) first among the stalls of the 1-item kernel at
-B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one token prefers 1. The first launch of each key (``tune_key``: K,
-V, pool, per-token slots, layout, a tier of parallelism and of tokens per sequence; plus the argument
-dtypes) times the candidates side by side (``tuning.fastest``: CUDA graphs, interleaved rounds, L2
-flushed) and keeps the fastest. On an H100 (forced one by one, interleaved) one token and a large batch
-ran fastest at (64, 8) with an fp32 pool and (32, 8) with bf16, two tokens at B=256 at (64, 4) / (32, 4),
-four tokens at (8, 1), per-token slots at BV 64. A pool launch is tuned on a scratch copy of its slots,
-never on the live pool. Under the Triton interpreter there is one config (BV 32, 4 warps) and no tuning.
-The config that ran is recorded: ``best_config(tune_key(...))``.
+B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one token prefers 1.
+
+The first launch of each key (``tune_key``: K, V, pool, per-token slots, layout, a tier of parallelism
+and of tokens per sequence; plus the argument dtypes) times the candidates side by side
+(``tuning.fastest``: CUDA graphs, interleaved rounds, L2 flushed) and keeps the fastest. On an H100 it
+picked BV 8 / 1 warp for most one-token rows, 16 / 2 for fp32 pools from B=128 (HV=32), 4 items for bf16
+pools at T > 1 (every row's pick is in BENCHMARKS.md). A pool launch is tuned on a scratch copy of its
+slots, never on the live pool. Under the Triton interpreter there is one config (BV 32, 4 warps, 1 item)
+and no tuning. The config that ran is recorded: ``best_config(tune_key(...))``.
 
 Several tokens per sequence (T > 1 or varlen: ``PREFETCH``): token t + 1's inputs are loaded before
 token t's math and stores, so a sequence waits for one load latency instead of one per token (a load
@@ -82,8 +83,8 @@ _GPU_CANDIDATES = [(8, 1), (8, 2), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8), 
 _ITEMS = (1, 4)
 _NUM_STAGES = 2  # lets the token loop prefetch the next token's q/k/v in a prefill
 if _INTERPRET_ENV:
-    # The interpreter runs every program in numpy: one config, no benchmarking (autotune is skipped
-    # for a single config). BV = 32 still splits V = 60 / 64 into two blocks, the second masked for 60.
+    # The interpreter runs every program in numpy: one config, no tuning (``fastest`` returns a single
+    # candidate as it is). BV = 32 still splits V = 60 / 64 into two blocks, the second masked for 60.
     CONFIGS = [triton.Config({"BV": 32, "ITEMS": 1}, num_warps=4, num_stages=1)]
 else:
     CONFIGS = [triton.Config({"BV": bv, "ITEMS": items}, num_warps=w, num_stages=_NUM_STAGES)
@@ -329,8 +330,9 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, HV: int, T: int, per_token: 
     16% apart, and the old tier (T > 1) kept whichever came first.
     """
     heads = N * HV
-    tier = (0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3) + 4 * (0 if T <= 1 else 1 if T == 2 else 2)
-    return (K, V, bool(pool), bool(per_token), bool(v_first), tier)
+    heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3
+    tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
+    return (K, V, bool(pool), bool(per_token), bool(v_first), heads_tier + 4 * tokens_tier)
 
 
 def best_config(key: TuneKey) -> dict | None:
