@@ -26,15 +26,12 @@ C = TypeVar("C")
 MIN_ROUNDS = 10
 MAX_ROUNDS = 200
 BUDGET_S = 0.3  # wall time for the rounds after MIN_ROUNDS (a 750 us launch x 11 candidates: ~35 rounds)
-_FLUSH: dict[torch.device, torch.Tensor] = {}
 
 
 def _flush_buffer(device: torch.device) -> torch.Tensor:
-    """Twice the device's L2, zeroed before every sample."""
-    if device not in _FLUSH:
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 256 * 2**20
-        _FLUSH[device] = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
-    return _FLUSH[device]
+    """Twice the device's L2, zeroed before every sample (allocated per tuning, not kept)."""
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 256 * 2**20
+    return torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
 
 
 def fastest(run: Callable[[C], object], candidates: Sequence[C], device: torch.device) -> C:
