@@ -25,7 +25,7 @@ C = TypeVar("C")
 
 MIN_ROUNDS = 10
 MAX_ROUNDS = 200
-BUDGET_S = 0.3  # wall time for the rounds after MIN_ROUNDS (a 750 us launch x 11 candidates: ~35 rounds)
+BUDGET_S = 0.3  # wall time for the rounds after MIN_ROUNDS (a 750 us launch x 22 candidates: ~17 rounds)
 
 
 def _flush_buffer(device: torch.device) -> torch.Tensor:
