@@ -1,7 +1,7 @@
-"""examples/kernel_sweeps: the chunk_fused sweep tool, run in Triton's interpreter on a tiny case.
+"""examples/kernel_sweeps: the chunk_fused and recurrent sweep tools, run in Triton's interpreter on tiny cases.
 
-Every forced config and every output-pass variant must give the same outputs (the tool prints each
-row's relative difference from the first), which is what makes its GPU tables trustworthy.
+Every forced config and every output-pass variant must give the same outputs (the tools print each
+row's relative difference from the first), which is what makes their GPU tables trustworthy.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CASE = "B=2,T=40"  # smoke's fp32 padded prefill case
 
 
-def _sweep(*args: str) -> list[str]:
+def _sweep(*args: str, tool: str = "chunk_fused_sweep", rows: str = "prefill/") -> list[str]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", *args, "--device", "cpu"],
+    run = subprocess.run([sys.executable, "-m", f"examples.kernel_sweeps.{tool}", *args, "--device", "cpu"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    return [line for line in run.stdout.splitlines() if line.startswith("prefill/")]
+    return [line for line in run.stdout.splitlines() if line.startswith(rows)]
 
 
 @pytest.mark.parametrize("kernel,configs,expect", [
@@ -53,3 +53,19 @@ def test_a_malformed_config_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", "configs", "smoke",
                           "-c", "64,4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "expected BV,WARPS,STAGES" in run.stderr
+
+
+def test_every_forced_decode_config_gives_the_same_outputs():
+    """smoke's two decode cases (a scattered fp32 pool; T=2 on a bf16 pool with raw gating), three configs
+    each: one item per program, three (the grid's last program short), two with V-blocks of 8."""
+    rows = _sweep("smoke", "-k", "decode", "-c", "16,4,1", "-c", "16,4,3", "-c", "8,2,2", tool="recurrent_sweep",
+                  rows="decode/")
+    assert len(rows) == 6
+    assert [r.split()[1] for r in rows] == ["16/4x1", "16/4x3", "8/2x2"] * 2
+    assert all(float(x) < 1e-6 for r in rows for x in r.split()[-2:]), rows
+
+
+def test_a_malformed_decode_config_is_a_usage_error():
+    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.recurrent_sweep", "smoke", "-c", "8,1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "expected BV,WARPS,ITEMS" in run.stderr

@@ -26,8 +26,7 @@ every config, with wall-clock times that mean nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -38,28 +37,9 @@ from gdnbench.backends.triton_chunk import _prepare
 from gdnbench.problem import Problem, make_problem
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
-from gdnbench.timing import TimingConfig, default_timer, measure_interleaved
+from gdnbench.timing import measure_interleaved
 
-
-def _timing(device: torch.device) -> TimingConfig:
-    if device.type == "cpu":  # the interpreter: one call per row, its time means nothing
-        return TimingConfig(timer="wall", warmup=0, min_samples=1, max_samples=1, min_time_s=0.0)
-    return TimingConfig(timer=default_timer(device), max_time_s=0.3, min_time_s=0.0)
-
-
-@contextlib.contextmanager
-def _forced(kernel, config: triton.Config) -> Iterator[None]:
-    """The autotuned ``kernel`` runs ``config`` only (its tuning cache emptied) inside the block."""
-    saved = kernel.configs, kernel.cache
-    kernel.configs, kernel.cache = [config], {}
-    try:
-        yield
-    finally:
-        kernel.configs, kernel.cache = saved
-
-
-def _rel(o: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((o.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+from .common import int_triple, rel_diff, swapped, sweep_timing
 
 
 def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, int, int]] | None,
@@ -73,14 +53,15 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
         p = make_problem(case, s.seed, device)
         ref = None
         for bv, warps, stages in configs or shipped:
-            with _forced(kernel, triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)):
+            with swapped(kernel, configs=[triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)], cache={}):
                 prepared = _prepare(p, fused=True, fuse_output=True if kernel_name == "state" else None)
                 prepared.call()
-                (m,) = measure_interleaved([(prepared.call, prepared.reset)], device=device, config=_timing(device))
+                (m,) = measure_interleaved([(prepared.call, prepared.reset)], device=device,
+                                           config=sweep_timing(device))
             o = prepared.outputs().o
             ref = o.clone() if ref is None else ref
             print(f"{case.id}  {kernel_name}[BV={bv} w{warps} s{stages}]  {np.median(m.samples_us):9.1f} us"
-                  f"  diff {_rel(o, ref):.1e}", flush=True)
+                  f"  diff {rel_diff(o, ref):.1e}", flush=True)
 
 
 def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names: list[str],
@@ -94,10 +75,10 @@ def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names
         for v in prepared:
             v.call()
         outs = [v.outputs().o.clone() for v in prepared]
-        ms = measure_interleaved([(v.call, v.reset) for v in prepared], device=device, config=_timing(device))
+        ms = measure_interleaved([(v.call, v.reset) for v in prepared], device=device, config=sweep_timing(device))
         lens = [case.T] * case.B if p.cu_seqlens is None else (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
         times = "  ".join(f"{np.median(m.samples_us):9.1f}" for m in ms)
-        print(f"{case.id}  {len(lens) * case.HV}  {max(lens)}  {times}  {max(_rel(o, outs[0]) for o in outs):.1e}",
+        print(f"{case.id}  {len(lens) * case.HV}  {max(lens)}  {times}  {max(rel_diff(o, outs[0]) for o in outs):.1e}",
               flush=True)
 
 
@@ -114,14 +95,6 @@ def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes:
                                                            for c in sizes for out in (False, True)])
 
 
-def _config(text: str) -> tuple[int, int, int]:
-    try:
-        bv, warps, stages = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BV,WARPS,STAGES (e.g. 64,4,1), got {text!r}") from None
-    return bv, warps, stages
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         cmd.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         if name == "configs":
             cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
-            cmd.add_argument("-c", "--config", type=_config, action="append",
+            cmd.add_argument("-c", "--config", type=int_triple("BV,WARPS,STAGES", "64,4,1"), action="append",
                              help="BV,WARPS,STAGES to force (repeatable; default: the shipped candidates)")
         if name == "segments":
             cmd.add_argument("-s", "--segment-chunks", type=int, action="append",

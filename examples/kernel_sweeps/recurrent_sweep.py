@@ -1,0 +1,91 @@
+"""Force each candidate config of the bundled recurrent kernel (triton.recurrent), timed side by side.
+
+The sweep behind BENCHMARKS.md's forced-config decode tables, for whoever tunes the kernel next. For
+every case of SUITE that matches -k, each (BV, warps, items) config runs alone, the kernel's tuner
+bypassed: the shipped candidates (pruned for the case's head dims as the tuner prunes them) or those
+given with -c. All configs of a case are timed interleaved (A B C A B C ...) with ``gdnbench run``'s
+timer (graph replay, L2 flushed), each from its own copy of the state pool, reset between samples.
+One row per config: median us, time relative to the case's fastest config, and the relative difference
+of its output and state from the first config's (every config computes the same thing, so anything
+above rounding is a bug). This reaches into the kernel module's tuning state and is not part of the
+harness.
+
+    python -m examples.kernel_sweeps.recurrent_sweep decode -k "B=256,T=4,H=16,HV=32"
+    python -m examples.kernel_sweeps.recurrent_sweep decode -k "B=256,T=2" -c 8,1,1 -c 8,1,4 -c 64,4,1
+
+On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's interpreter: a correctness check of
+every config, with wall-clock times that mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+import triton
+
+from gdnbench.backends.triton_recurrent import triton_recurrent
+from gdnbench.problem import make_problem
+from gdnbench.runner import select_cases
+from gdnbench.suite import load_suite
+from gdnbench.timing import measure_interleaved
+
+from .common import int_triple, rel_diff, swapped, sweep_timing
+
+
+def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device) -> None:
+    from gdnbench_kernels import recurrent as kern
+
+    s = load_suite(suite)
+    print("case  BV/warps x items  us  vs fastest  diff o  diff state")
+    for case in select_cases(s, pattern):
+        reason = triton_recurrent.unsupported(case, device)
+        if reason:
+            print(f"{case.id}  SKIP: {reason}")
+            continue
+        if configs:
+            cands = [triton.Config({"BV": bv, "ITEMS": items}, num_warps=w, num_stages=2) for bv, w, items in configs]
+        else:
+            cands = kern._prune(list(kern.CONFIGS), {"BK": triton.next_power_of_2(case.K), "V": case.V})
+        p = make_problem(case, s.seed, device)
+        runs = []
+        for c in cands:
+            with swapped(kern, CONFIGS=[c], _TUNED={}):  # every launch inside runs c
+                prepared = triton_recurrent.prepare(p)
+
+            def call(c=c, prepared=prepared) -> None:
+                with swapped(kern, CONFIGS=[c], _TUNED={}):
+                    prepared.call()
+            runs.append((c, prepared, call))
+        outs = []
+        for _, prepared, call in runs:  # each config once, from the initial state
+            call()
+            out = prepared.outputs()
+            state = out.state_pool if out.state_pool is not None else out.final_state
+            outs.append((out.o.clone(), None if state is None else state.clone()))
+            if prepared.reset is not None:
+                prepared.reset()
+        ms = measure_interleaved([(call, prepared.reset) for _, prepared, call in runs], device=device,
+                                 config=sweep_timing(device))
+        medians = [float(np.median(m.samples_us)) for m in ms]
+        for (c, _, _), t, (o, state) in zip(runs, medians, outs):
+            ds = "-" if state is None else f"{rel_diff(state, outs[0][1]):.1e}"
+            print(f"{case.id}  {c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}  {t:9.1f}  {t / min(medians):.3f}"
+                  f"  {rel_diff(o, outs[0][0]):.1e}  {ds}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", help="a suite YAML file or a shipped suite's name")
+    parser.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
+    parser.add_argument("-c", "--config", type=int_triple("BV,WARPS,ITEMS", "8,1,4"), action="append",
+                        help="BV,WARPS,ITEMS to force (repeatable; default: the shipped candidates)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    sweep(args.suite, args.filter, args.config, torch.device(args.device))
+
+
+if __name__ == "__main__":
+    main()
