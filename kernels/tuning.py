@@ -18,8 +18,14 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
+from triton.runtime import errors as _triton_errors
 
 __all__ = ["fastest"]
+
+# A candidate that fails to build for this shape (too much shared memory or too many registers) drops
+# out, as in triton's autotuner; any other error is the caller's. (PTXASError is not in every triton.)
+UNBUILDABLE = tuple(getattr(_triton_errors, name) for name in ("OutOfResources", "PTXASError")
+                    if hasattr(_triton_errors, name))
 
 C = TypeVar("C")
 
@@ -36,15 +42,27 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
 
 def fastest(run: Callable[[C], object], candidates: Sequence[C], device: torch.device) -> C:
     """The candidate whose ``run(candidate)`` (one kernel launch, CUDA-graph capturable, no host syncs)
-    has the lowest median time; a single candidate is returned without running it. Not to be called
-    during a CUDA graph capture (it captures graphs of its own)."""
+    has the lowest median time; a single candidate is returned without running it, and candidates that
+    fail to build (``UNBUILDABLE``) drop out. Not to be called during a CUDA graph capture (it captures
+    graphs of its own)."""
     if len(candidates) == 1:
         return candidates[0]
+    built = []
+    for c in candidates:
+        try:
+            run(c)  # compiles; a capture must not
+        except UNBUILDABLE:
+            continue
+        built.append(c)
+    if not built:
+        raise RuntimeError(f"none of the {len(candidates)} candidate configs builds for this launch")
+    if len(built) == 1:
+        return built[0]
+    candidates = built
     device = torch.device(device)
     graphs = []
     with torch.cuda.device(device):
         for c in candidates:
-            run(c)  # compiles; a capture must not
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
