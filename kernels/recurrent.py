@@ -68,7 +68,7 @@ from torch import Tensor
 from .inputs import check_inputs, output_buffer
 from .tuning import fastest
 
-__all__ = ["recurrent_gdn", "tune_key", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
+__all__ = ["recurrent_gdn", "tune_key", "tuning_candidates", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
 
 # Triton decides between compiling and interpreting when a kernel is decorated, i.e. at this module's
 # import, from TRITON_INTERPRET (INTERPRETED, below the kernel, records what actually happened).
@@ -351,6 +351,11 @@ def config_str(cfg: dict | None) -> str:
     return f"BV={cfg['BV']} num_warps={cfg['num_warps']} items={cfg['ITEMS']} num_stages={cfg['num_stages']}"
 
 
+def tuning_candidates(K: int, V: int) -> list[triton.Config]:
+    """The configs a launch with head dims K, V is tuned over (CONFIGS pruned; the interpreter's one as is)."""
+    return CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, {"BK": triton.next_power_of_2(K), "V": V})
+
+
 def _config_dict(c: triton.Config) -> dict:
     return {"BV": c.kwargs["BV"], "ITEMS": c.kwargs["ITEMS"], "num_warps": c.num_warps, "num_stages": c.num_stages}
 
@@ -449,7 +454,7 @@ def recurrent_gdn(
                cu_seqlens)
     full_key = (key, tuple(None if t is None else str(t.dtype) for t in tensors))
     if full_key not in _TUNED:
-        candidates = CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, {"BK": BK, "V": V})
+        candidates = tuning_candidates(K, V)
         if is_pool and len(candidates) > 1:
             # Tuning runs every candidate many times: on the live pool that would advance the state
             # many steps. Tune on a scratch copy of the slots this launch touches instead.

@@ -47,7 +47,7 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
         if configs:
             cands = [triton.Config({"BV": bv, "ITEMS": items}, num_warps=w, num_stages=2) for bv, w, items in configs]
         else:
-            cands = kern._prune(list(kern.CONFIGS), {"BK": triton.next_power_of_2(case.K), "V": case.V})
+            cands = kern.tuning_candidates(case.K, case.V)
         p = make_problem(case, s.seed, device)
         runs = []
         for c in cands:
