@@ -4,7 +4,7 @@ The sweep behind BENCHMARKS.md's forced-config decode tables, for whoever tunes 
 every case of SUITE that matches -k, each (BV, warps, items) config runs alone, the kernel's tuner
 bypassed: the shipped candidates (pruned for the case's head dims as the tuner prunes them) or those
 given with -c. All configs of a case are timed interleaved (A B C A B C ...) with ``gdnbench run``'s
-timer (graph replay, L2 flushed), each from its own copy of the state pool, reset between samples.
+timer (graph replay, L2 flushed), the state pool reset before every sample.
 One row per config: median us, time relative to the case's fastest config, and the relative difference
 of its output and state from the first config's (every config computes the same thing, so anything
 above rounding is a bug). This reaches into the kernel module's tuning state and is not part of the
@@ -31,7 +31,7 @@ from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import measure_interleaved
 
-from .common import int_triple, rel_diff, swapped, sweep_timing
+from .common import int_tuple, rel_diff, swapped, sweep_timing
 
 
 def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device) -> None:
@@ -49,30 +49,32 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
         else:
             cands = kern.tuning_candidates(case.K, case.V)
         p = make_problem(case, s.seed, device)
+        # one prepared problem (inputs, pool and its pristine copy) serves every config: a pool of
+        # B=512 is 2 GiB, two per config would not fit
+        with swapped(kern, CONFIGS=cands[:1], _TUNED={}):
+            prepared = triton_recurrent.prepare(p)
         runs = []
         for c in cands:
-            with swapped(kern, CONFIGS=[c], _TUNED={}):  # every launch inside runs c
-                prepared = triton_recurrent.prepare(p)
-
-            def call(c=c, prepared=prepared) -> None:
-                with swapped(kern, CONFIGS=[c], _TUNED={}):
+            def call(c=c) -> None:
+                with swapped(kern, CONFIGS=[c], _TUNED={}):  # every launch inside runs c
                     prepared.call()
-            runs.append((c, prepared, call))
-        outs = []
-        for _, prepared, call in runs:  # each config once, from the initial state
+            runs.append((c, call))
+        ref, diffs = None, []
+        for _, call in runs:  # each config once, from the initial state, compared with the first config's
             call()
             out = prepared.outputs()
             state = out.state_pool if out.state_pool is not None else out.final_state
-            outs.append((out.o.clone(), None if state is None else state.clone()))
+            if ref is None:
+                ref = (out.o.clone(), None if state is None else state.clone())
+            diffs.append((rel_diff(out.o, ref[0]), "-" if state is None else f"{rel_diff(state, ref[1]):.1e}"))
             if prepared.reset is not None:
                 prepared.reset()
-        ms = measure_interleaved([(call, prepared.reset) for _, prepared, call in runs], device=device,
+        ms = measure_interleaved([(call, prepared.reset) for _, call in runs], device=device,
                                  config=sweep_timing(device))
         medians = [float(np.median(m.samples_us)) for m in ms]
-        for (c, _, _), t, (o, state) in zip(runs, medians, outs):
-            ds = "-" if state is None else f"{rel_diff(state, outs[0][1]):.1e}"
+        for (c, _), t, (d_o, d_state) in zip(runs, medians, diffs):
             print(f"{case.id}  {c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}  {t:9.1f}  {t / min(medians):.3f}"
-                  f"  {rel_diff(o, outs[0][0]):.1e}  {ds}", flush=True)
+                  f"  {d_o:.1e}  {d_state}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -80,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite", help="a suite YAML file or a shipped suite's name")
     parser.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
-    parser.add_argument("-c", "--config", type=int_triple("BV,WARPS,ITEMS", "8,1,4"), action="append",
+    parser.add_argument("-c", "--config", type=int_tuple("BV,WARPS,ITEMS", "8,1,4"), action="append",
                         help="BV,WARPS,ITEMS to force (repeatable; default: the shipped candidates)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
