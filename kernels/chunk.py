@@ -346,12 +346,11 @@ def _state_prune(configs, named_args, **kwargs):
     BK, V = args["BK"], args["V"]
     keep, seen = [], set()
     for c in configs:
-        bv = min(c.kwargs["BV"], _tile_width(V))
-        key = (bv, c.num_warps, c.num_stages)
-        if BK * bv / (32 * c.num_warps) > 64 or key in seen:
+        c = _with_bv(c, min(c.kwargs["BV"], _tile_width(V)))
+        if BK * c.kwargs["BV"] / (32 * c.num_warps) > 64 or _settings(c) in seen:
             continue
-        seen.add(key)
-        keep.append(triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
+        seen.add(_settings(c))
+        keep.append(c)
     return keep or [triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
 
 
@@ -368,19 +367,31 @@ def _bv_prune(configs, named_args, **kwargs):
     V = {**named_args, **kwargs}["V"]
     keep, seen = [], set()
     for c in configs:
-        bv = min(c.kwargs["BV"], _tile_width(V))
-        if (bv, c.num_warps, c.num_stages) not in seen:
-            seen.add((bv, c.num_warps, c.num_stages))
-            keep.append(triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
+        c = _with_bv(c, min(c.kwargs["BV"], _tile_width(V)))
+        if _settings(c) not in seen:
+            seen.add(_settings(c))
+            keep.append(c)
     return keep
 
 
-def _configs(candidates: list[tuple[int, int, int]]) -> list[triton.Config]:
-    """(BV, num_warps, num_stages) candidates on a GPU; one config (BV 32, 4 warps) in the interpreter,
+def _with_bv(c: triton.Config, bv: int) -> triton.Config:
+    """c with block width bv, every other setting (warps, stages, register cap) kept."""
+    return triton.Config({**c.kwargs, "BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages, maxnreg=c.maxnreg)
+
+
+def _settings(c: triton.Config) -> tuple:
+    """What tells two configs apart (the prune functions drop duplicates)."""
+    return c.kwargs["BV"], c.num_warps, c.num_stages, c.maxnreg
+
+
+def _configs(candidates: list[tuple[int, ...]]) -> list[triton.Config]:
+    """(BV, num_warps, num_stages[, maxnreg]) candidates on a GPU (maxnreg: ptxas's register cap per
+    thread, more programs per SM for some spills); one config (BV 32, 4 warps) in the interpreter,
     where autotune skips benchmarking and BV 32 still splits V = 60 / 64 into two blocks."""
     if _INTERPRET_ENV:
         return [triton.Config({"BV": 32}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s) for bv, w, s in candidates]
+    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s, maxnreg=r[0] if r else None)
+            for bv, w, s, *r in candidates]
 
 
 # the parallelism tier (see state_tier) is a key; BV 16 for tiers 0 and 3 only (_state_prune_by_tier)
@@ -634,14 +645,16 @@ def chunk_tier(NT: int, HV: int) -> int:
     return 0 if pairs < 128 else 1 if pairs < 2048 else 2
 
 
-def state_tier(N: int, HV: int, max_len: int) -> int:
-    """Autotuner key of the state pass: its parallelism, 0 below 64 (sequence, head) pairs (a long
-    single sequence: too few programs to fill the GPU, narrow V-blocks win), 1 below 512, 2 above;
-    plus 3 for walks of 8 chunks or more. Without the walk length, parity's one-chunk case (1 pair)
-    tuned the pass for its B=4 T=2048 HV=8 case (32 pairs, 32 chunks each): 110 us instead of 84 of
-    kernels on an H100."""
-    heads = N * HV
-    return (0 if heads < 64 else 1 if heads < 512 else 2) + 3 * (max_len >= 8 * CHUNK)
+def state_tier(N: int, HV: int, V: int, max_len: int) -> int:
+    """Autotuner key of the state pass: its parallelism in walks of 128 value columns (N * HV * V /
+    128), 0 below 64 (a long single sequence: too few programs to fill the GPU, narrow V-blocks win),
+    1 below 512, 2 above; plus 3 for walks of 8 chunks or more. Without the walk length, parity's
+    one-chunk case (1 pair) tuned the pass for its B=4 T=2048 HV=8 case (32 pairs, 32 chunks each):
+    110 us instead of 84 of kernels on an H100. Counted in (sequence, head) pairs instead of columns,
+    V = 64 cases got half the programs of V = 128 ones at the same tier: parity's varlen N=16 T=8192
+    HV=4 D=64 (64 pairs) lost BV 16, whole call 57.7 us at BV 32 forced vs 53.9 at BV 16 (H100)."""
+    walks = N * HV * V / 128
+    return (0 if walks < 64 else 1 if walks < 512 else 2) + 3 * (max_len >= 8 * CHUNK)
 
 
 @dataclass
@@ -732,7 +745,7 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
         V = x.K if segment == 2 else x.V  # the transition's columns run over K
         state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
             x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.chunk_offsets, x.scale,
-            state_tier(over.N, x.HV, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
+            state_tier(over.N, x.HV, x.V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
             FUSE_OUTPUT=fuse, SEGMENT=segment, **{**shape, "V": V})
 
     if segments is None:
@@ -799,12 +812,15 @@ def chunk_gdn(
     return x.out, ws.final_state if output_final_state else None
 
 
+def config_label(cfg: triton.Config) -> str:
+    """A chunk kernel's config as result rows print it: "BV=64 w4 s1", " r128" added for a register cap."""
+    return f"BV={cfg.kwargs['BV']} w{cfg.num_warps} s{cfg.num_stages}" + (f" r{cfg.maxnreg}" if cfg.maxnreg else "")
+
+
 def _config_str(kernel) -> str:
     """The config an autotuned kernel ran last (the only one under the interpreter)."""
     cfg = getattr(kernel, "best_config", None) or (kernel.configs[0] if len(kernel.configs) == 1 else None)
-    if cfg is None:
-        return "not tuned yet"
-    return f"BV={cfg.kwargs['BV']} w{cfg.num_warps} s{cfg.num_stages}"
+    return "not tuned yet" if cfg is None else config_label(cfg)
 
 
 def describe(state_kernel=None, *, fuse_output: bool = False) -> str:

@@ -42,7 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
-                    _chunk_program, _chunk_state_fn, chunk_tier,
+                    _chunk_program, _chunk_state_fn, _settings, _with_bv, chunk_tier,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
                     _state_and_output, _state_prune, _v_block, _wu_store)
 from .chunk import describe as _describe
@@ -82,15 +82,22 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
 # Forced one by one on an H100 (whole call, graph timer, us), on
 # parity's B=16 T=512 D=64 / B=8 T=512 D=128 and B=1 T=16384 HV=32 D=128: (64, 4, 1) 79.5 / 70.4 / 986,
 # (128, 4, 1) 82.1 / 68.1 / 974; dropped: (64, 8, 2) 111.6 / 90.8 / 1321, 2 warps 90.8 / 72.3 / 1069.
-PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1)]
+# The fourth number caps registers per thread (maxnreg), for 3 (168) or 4 (128) programs per SM instead
+# of 2, paid in spills: forced and interleaved on an H100 (same three cases), (64, 4, 1) 79.5 / 71.1 /
+# 953, capped at 168 75.8 / 75.7 / 906, at 128 73.2 / 76.7 / 971: the cap wins at D = 64 and on the long
+# sequences, and loses on small D = 128 problems, so the autotuner chooses per size tier.
+PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1), (64, 4, 1, 168), (64, 4, 1, 128)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES)
 PREP_MIN_WIDTH = 64  # masked columns pad narrower V blocks and key tiles (see above)
 
 
 def _prep_prune(configs, named_args, **kwargs):
     """_bv_prune, then no BV under PREP_MIN_WIDTH (triton runs the interpreter's one config unpruned)."""
-    keep = {max(c.kwargs["BV"], PREP_MIN_WIDTH): c for c in _bv_prune(configs, named_args, **kwargs)}
-    return [triton.Config({"BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages) for bv, c in keep.items()]
+    keep = {}
+    for c in _bv_prune(configs, named_args, **kwargs):
+        c = _with_bv(c, max(c.kwargs["BV"], PREP_MIN_WIDTH))
+        keep.setdefault(_settings(c), c)
+    return list(keep.values())
 
 
 @triton.autotune(configs=PREP_CONFIGS, key=["K", "V", "chunk_tier"],

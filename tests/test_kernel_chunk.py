@@ -148,7 +148,7 @@ def guard_rounds(chunk, chunk_fused) -> int:
     """How many guarded runs per case and variant: one per block width (BV) of the kernel with the most;
     the interpreter runs no warps or stages, so a candidate's BV is all that changes what it does."""
     lists = (chunk_fused.PREP_CANDIDATES, chunk_fused.STATE_CANDIDATES, chunk.STATE_CANDIDATES, chunk.OUTPUT_CANDIDATES)
-    return max(len({bv for bv, _, _ in c}) for c in lists)
+    return max(len({cand[0] for cand in c}) for c in lists)
 
 
 def _guarded_runs(chunk, chunk_fused) -> dict:
@@ -193,7 +193,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
             seg0 = chunk.SegmentLayout.build(lay0, 1)
             for i in range(rounds):  # round i: every kernel's i-th block width (its last once its list ends)
                 for kernel, candidates in tuned.values():
-                    widths = sorted({bv for bv, _, _ in candidates})
+                    widths = sorted({cand[0] for cand in candidates})
                     kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
                     kernel.cache.clear()
                 # cp reruns the state pass's kernel over segments: its block widths are the other
@@ -528,8 +528,11 @@ def test_state_candidates_follow_the_parallelism_tier():
     assert {c.kwargs["BV"] for c in picked[0]} == {16, 32, 64} and len(picked[0]) == 5
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
     assert len(picked[1]) == 4
-    assert [chunk.state_tier(1, 32, 4096), chunk.state_tier(16, 8, 512), chunk.state_tier(64, 32, 64)] == [3, 4, 2]
-    assert chunk.state_tier(1, 1, 63) == 0  # one short walk: tuned apart from the long ones
+    assert [chunk.state_tier(1, 32, 128, 4096), chunk.state_tier(16, 8, 128, 512),
+            chunk.state_tier(64, 32, 128, 64)] == [3, 4, 2]
+    assert chunk.state_tier(1, 1, 64, 63) == 0  # one short walk: tuned apart from the long ones
+    # parallelism counts value columns: 16 sequences of 4 heads at V = 64 are as few programs as 32 at 128
+    assert chunk.state_tier(16, 4, 64, 1024) == chunk.state_tier(8, 4, 128, 1024) == 3
     few = chunk._state_prune_by_tier(chunk.STATE_CONFIGS, {**args, "state_tier": 3})
     assert [str(c) for c in few] == [str(c) for c in picked[0]]
     # parity's one-chunk case tunes apart from its B=16 T=512 HV=8 one, and that from B=1 T=4096 HV=32
@@ -547,7 +550,7 @@ def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
                    chunk_fused._state_kernel):
         assert {"state_tier", "chunk_tier"} & set(kernel.keys), kernel.keys
     assert chunk.chunk_tier(1, 1) != chunk.chunk_tier(128, 8)
-    assert chunk.state_tier(1, 1, 63) != chunk.state_tier(4, 8, 2048)
+    assert chunk.state_tier(1, 1, 64, 63) != chunk.state_tier(4, 8, 64, 2048)
 
 
 def test_a_workspace_must_fit_the_variant():

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gdnbench_kernels.chunk_fused import PREP_CANDIDATES
+
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "B=2,T=40"  # smoke's fp32 padded prefill case
 
@@ -27,7 +29,7 @@ def _sweep(*args: str, tool: str = "chunk_fused_sweep", rows: str = "prefill/") 
 
 
 @pytest.mark.parametrize("kernel,configs,expect", [
-    ("prep", [], 2),  # the shipped candidates
+    ("prep", [], len(PREP_CANDIDATES)),  # the shipped candidates, each forced as it is
     ("state", ["-c", "16,4,2", "-c", "64,8,3"], 2),
 ])
 def test_every_forced_config_gives_the_same_outputs(kernel, configs, expect):

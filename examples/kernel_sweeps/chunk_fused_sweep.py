@@ -1,7 +1,8 @@
 """The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
 
   configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve + W/U;
-               ``state``: the state pass with the output fused in) alone, and time the whole call;
+               ``state``: the state pass with the output fused in) alone, and time the whole calls
+               interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass and with it folded into
                the state pass, interleaved (A B C A B C ...);
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
@@ -11,11 +12,13 @@ A forced config runs as given (the autotuner prunes only among several), BV mask
 Each row also gives the relative difference of its output from the first row's: every config and
 variant computes the same thing, so anything above rounding is a bug (the prep config that triton 3.6
 miscompiled returned NaN here). Times are the graph timer's medians with the L2 flushed, as in
-``gdnbench run``; rows print as they finish, so a config that kills the GPU context leaves the rest.
+``gdnbench run``; a case's rows print as soon as it is timed, so a config that kills the GPU context
+leaves the earlier cases' rows.
 This reaches into the kernels' internals (their autotuner objects) and is not part of the harness.
 
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=16,T=512,H=8,HV=8,K=64" --kernel prep
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=64,T=64" --kernel state -c 64,4,1 -c 32,8,2
+    python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "K=64" --kernel prep -c 64,4,1 -c 64,4,1,128
     python -m examples.kernel_sweeps.chunk_fused_sweep fuse-output parity
     python -m examples.kernel_sweeps.chunk_fused_sweep segments qwen3-next -k prefill -s 16 -s 32 -s 64
 
@@ -39,29 +42,38 @@ from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import measure_interleaved
 
-from .common import int_triple, rel_diff, swapped, sweep_timing
+from .common import int_tuple, rel_diff, swapped, sweep_timing
 
 
-def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, int, int]] | None,
+def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, ...]] | None,
                   device: torch.device) -> None:
-    from gdnbench_kernels import chunk_fused
+    from gdnbench_kernels import chunk, chunk_fused
 
     kernel, shipped = ((chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES) if kernel_name == "prep"
                        else (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES))
+    forced = [[triton.Config({"BV": bv}, num_warps=w, num_stages=st, maxnreg=r[0] if r else None)]
+              for bv, w, st, *r in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
-        ref = None
-        for bv, warps, stages in configs or shipped:
-            with swapped(kernel, configs=[triton.Config({"BV": bv}, num_warps=warps, num_stages=stages)], cache={}):
+        runs = []
+        for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
+            with swapped(kernel, configs=cfg, cache={}):
                 prepared = _prepare(p, fused=True, fuse_output=True if kernel_name == "state" else None)
-                prepared.call()
-                (m,) = measure_interleaved([(prepared.call, prepared.reset)], device=device,
-                                           config=sweep_timing(device))
-            o = prepared.outputs().o
-            ref = o.clone() if ref is None else ref
-            print(f"{case.id}  {kernel_name}[BV={bv} w{warps} s{stages}]  {np.median(m.samples_us):9.1f} us"
-                  f"  diff {rel_diff(o, ref):.1e}", flush=True)
+
+            def call(cfg=cfg, prepared=prepared) -> None:
+                with swapped(kernel, configs=cfg, cache={}):
+                    prepared.call()
+            runs.append((cfg[0], prepared, call))
+        outs = []
+        for _, prepared, call in runs:
+            call()
+            outs.append(prepared.outputs().o.clone())
+        ms = measure_interleaved([(call, prepared.reset) for _, prepared, call in runs], device=device,
+                                 config=sweep_timing(device))
+        for (cfg, _, _), m, o in zip(runs, ms, outs):
+            print(f"{case.id}  {kernel_name}[{chunk.config_label(cfg)}]  {np.median(m.samples_us):9.1f} us"
+                  f"  diff {rel_diff(o, outs[0]):.1e}", flush=True)
 
 
 def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names: list[str],
@@ -108,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         cmd.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         if name == "configs":
             cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
-            cmd.add_argument("-c", "--config", type=int_triple("BV,WARPS,STAGES", "64,4,1"), action="append",
-                             help="BV,WARPS,STAGES to force (repeatable; default: the shipped candidates)")
+            cmd.add_argument("-c", "--config", type=int_tuple("BV,WARPS,STAGES[,MAXNREG]", "64,4,1", (3, 4)),
+                             action="append", help="BV,WARPS,STAGES[,MAXNREG] to force (repeatable; default: "
+                                                   "the shipped candidates; MAXNREG caps registers per thread)")
         if name == "segments":
             cmd.add_argument("-s", "--segment-chunks", type=int, action="append",
                              help="chunks per segment (repeatable; default: 16, 32, 64)")

@@ -24,14 +24,17 @@ def rel_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def int_triple(form: str, example: str) -> Callable[[str], tuple[int, int, int]]:
-    """An argparse type for a config written "A,B,C" (``form`` names the three, e.g. "BV,WARPS,STAGES")."""
-    def parse(text: str) -> tuple[int, int, int]:
+def int_tuple(form: str, example: str, lengths: tuple[int, ...] = (3,)) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type for a config written "A,B,C" (``form`` names them, e.g. "BV,WARPS,STAGES"),
+    of any of ``lengths`` numbers."""
+    def parse(text: str) -> tuple[int, ...]:
         try:
-            a, b, c = (int(x) for x in text.split(","))
+            values = tuple(int(x) for x in text.split(","))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {form} (e.g. {example}), got {text!r}") from None
-        return a, b, c
+            values = ()
+        if len(values) not in lengths:
+            raise argparse.ArgumentTypeError(f"expected {form} (e.g. {example}), got {text!r}")
+        return values
     return parse
 
 
