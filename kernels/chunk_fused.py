@@ -28,7 +28,8 @@ on short sequences. For a few long sequences the state pass can run chunk-parall
 (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined by a scan; the backend
 triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next on an H100.
 
-The prep kernel runs 4-warp programs, two per SM, whose latency-bound inverses overlap (an 8-warp
+The prep kernel runs 4-warp programs, two per SM (three or four with a register cap, a candidate
+the autotuner takes at D = 64 and on long sequences), whose latency-bound inverses overlap (an 8-warp
 program per SM was 1.05-1.4x slower in every case measured, see PREP_CANDIDATES). Registers at
 K = V = 128 bf16 on sm_90 (as the JIT specializes, see ``chunk``), no spills: 201 at 4 warps, BV 64,
 1 stage (255 with raw gating and the in-kernel L2 norm). Shared code (device functions, the state
