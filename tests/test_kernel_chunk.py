@@ -539,6 +539,27 @@ def test_state_candidates_follow_the_parallelism_tier():
     assert [chunk.chunk_tier(1, 1), chunk.chunk_tier(128, 8), chunk.chunk_tier(64, 32)] == [0, 1, 2]
 
 
+def test_pruning_keeps_the_register_caps():
+    """The prune functions rebuild each config for the head dim's block width: a register cap (maxnreg)
+    must survive it, and a capped config must not be dropped as a duplicate of the uncapped one."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    if chunk.INTERPRETED:
+        pytest.skip("one config under the interpreter")
+
+    def settings(configs):
+        return sorted((c.kwargs["BV"], c.num_warps, c.num_stages, c.maxnreg or 0) for c in configs)
+
+    prep = chunk_fused._prep_prune(chunk_fused.PREP_CONFIGS, {"V": 128, "K": 128})
+    assert settings(prep) == sorted((*c[:3], c[3] if len(c) > 3 else 0) for c in chunk_fused.PREP_CANDIDATES)
+    # at V = 64, BV 128 masks down to BV 64, the same as the uncapped BV 64 config: three remain
+    assert settings(chunk_fused._prep_prune(chunk_fused.PREP_CONFIGS, {"V": 64, "K": 64})) == [
+        (64, 4, 1, 0), (64, 4, 1, 128), (64, 4, 1, 168)]
+    # the output pass at V = 64: BV 128 configs mask down to BV 64, beside the capped (64, 4, 2)
+    assert settings(chunk._bv_prune(chunk.OUTPUT_CONFIGS, {"V": 64})) == [
+        (64, 4, 2, 0), (64, 4, 2, 128), (64, 4, 3, 0), (64, 8, 3, 0)]
+
+
 def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
     """Keyed on head dims alone, a kernel is tuned by whichever case of a dim runs first: parity's
     one-chunk case chose the output pass's and the state pass's configs for its larger cases (1.2-1.3x
