@@ -390,8 +390,13 @@ def _configs(candidates: list[tuple[int, ...]]) -> list[triton.Config]:
     where autotune skips benchmarking and BV 32 still splits V = 60 / 64 into two blocks."""
     if _INTERPRET_ENV:
         return [triton.Config({"BV": 32}, num_warps=4, num_stages=1)]
-    return [triton.Config({"BV": bv}, num_warps=w, num_stages=s, maxnreg=r[0] if r else None)
-            for bv, w, s, *r in candidates]
+    return [config_from(c) for c in candidates]
+
+
+def config_from(candidate: tuple[int, ...]) -> triton.Config:
+    """The triton config of one (BV, num_warps, num_stages[, maxnreg]) candidate, as it is."""
+    bv, warps, stages, *cap = candidate
+    return triton.Config({"BV": bv}, num_warps=warps, num_stages=stages, maxnreg=cap[0] if cap else None)
 
 
 # the parallelism tier (see state_tier) is a key; BV 16 for tiers 0 and 3 only (_state_prune_by_tier)
@@ -748,7 +753,7 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
         V = x.K if segment == 2 else x.V  # the transition's columns run over K
         state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
             x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.chunk_offsets, x.scale,
-            state_tier(over.N, x.HV, x.V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
+            state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
             FUSE_OUTPUT=fuse, SEGMENT=segment, **{**shape, "V": V})
 
     if segments is None:

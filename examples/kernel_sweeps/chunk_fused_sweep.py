@@ -33,7 +33,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-import triton
 
 from gdnbench.backends.base import Prepared
 from gdnbench.backends.triton_chunk import _prepare
@@ -51,8 +50,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
 
     kernel, shipped = ((chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES) if kernel_name == "prep"
                        else (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES))
-    forced = [[triton.Config({"BV": bv}, num_warps=w, num_stages=st, maxnreg=r[0] if r else None)]
-              for bv, w, st, *r in configs or shipped]
+    forced = [[chunk.config_from(c)] for c in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
