@@ -91,9 +91,9 @@ else:
                for bv, w in _GPU_CANDIDATES for items in _ITEMS]
 
 
-def _prune(configs, named_args, **kwargs):
-    args = {**named_args, **kwargs}
-    BK, V = args["BK"], args["V"]
+def _prune(configs: list[triton.Config], BK: int, V: int) -> list[triton.Config]:
+    """configs for a BK-wide key tile and V value columns: BV capped at V, duplicates dropped, and no
+    tile with under 4 or over 64 fp32 state elements per thread (idle threads, or spills on sm_90)."""
     keep, seen = [], set()
     for c in configs:
         bv = min(c.kwargs["BV"], triton.next_power_of_2(V))  # BV beyond V only masks more columns
@@ -353,7 +353,7 @@ def config_str(cfg: dict | None) -> str:
 
 def tuning_candidates(K: int, V: int) -> list[triton.Config]:
     """The configs a launch with head dims K, V is tuned over (CONFIGS pruned; the interpreter's one as is)."""
-    return CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, {"BK": triton.next_power_of_2(K), "V": V})
+    return CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, triton.next_power_of_2(K), V)
 
 
 def _config_dict(c: triton.Config) -> dict:

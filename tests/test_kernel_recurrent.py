@@ -339,7 +339,7 @@ def test_prune_caps_bv_at_v_and_drops_idle_or_spilling_tiles():
     cands = [triton.Config({"BV": bv, "ITEMS": 1}, num_warps=w, num_stages=2) for bv, w in kern._GPU_CANDIDATES]
 
     def kept(V, BK):
-        return {(c.kwargs["BV"], c.num_warps) for c in kern._prune(cands, {"V": V}, BK=BK)}
+        return {(c.kwargs["BV"], c.num_warps) for c in kern._prune(cands, BK, V)}
 
     assert kept(128, 128) == set(kern._GPU_CANDIDATES)
     assert kept(256, 256) == set(kern._GPU_CANDIDATES) - {(64, 4)}  # 128 fp32 per thread would spill

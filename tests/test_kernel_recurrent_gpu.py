@@ -18,7 +18,7 @@ from tests.test_kernel_recurrent import make, reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # cpu: a dry run in the interpreter
+DEVICE = torch.device("cuda")
 SHORT = TimingConfig(timer=default_timer(DEVICE), l2="cold", warmup=2, min_samples=5, max_samples=20,
                      min_time_s=0.0, max_time_s=0.2)
 MARGIN = 4096  # NaN elements before and after the pool and the output
@@ -67,8 +67,7 @@ def test_every_candidate_under_graph_replay(case, index, monkeypatch):
         kern.recurrent_gdn(**{**kw, "state_pool": pool}, out=out)
 
     measure(call, device=DEVICE, config=SHORT, reset=reset)
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
     o_ref, _, pool_ref = reference(case["kw"])
     for buf in (pool_buf, out_buf):
         assert torch.isnan(buf[:MARGIN].float()).all() and torch.isnan(buf[-MARGIN:].float()).all(), config
