@@ -207,9 +207,10 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
          triton does not pipeline a loop without a dot);
       2. with D = blockdiag(X) and L the blocks of A below the diagonal, I + A = D^-1 (I + D L) and
          (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
-         (M, P = I - M P twice, P D), tf32 for half inputs as every dot on fp32 tiles here. D enters
-         only the first and last dots (Z = D - M Z three times would keep D in registers next to M
-         throughout).
+         (M, P = I - P M twice, P D). Their operands are rounded to b_k's dtype (fp32 inputs: IEEE
+         fp32), as the callers round the result: a half-precision accumulator-to-operand move stays in
+         registers, where a tf32 one shuffles, and P M (P and M commute) keeps the running P the
+         register operand and M the shared-memory one. D enters only the first and last dots.
     Scratch rows past n_valid are neither written (they belong to the next sequence) nor read.
     """
     r = tl.arange(0, BT)
@@ -229,13 +230,15 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
         coef = tl.load(diag + (blk0 + j)[:, None] * diag_stride + m[None, :],
                        mask=(m[None, :] > j) & (blk0[:, None] + m[None, :] < n_valid), other=0.0)
         X = tl.where(m[None, :] == j, X - tl.sum(X * coef, 1)[:, None], X)
-    D = tl.where(same, tl.reshape(tl.broadcast_to(X[:, None, :], (BT, BT // 16, 16)), (BT, BT)), 0.0)
-    M = _dot(D, tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0), IEEE)
+    dt: tl.constexpr = b_k.dtype
+    D = _cast(tl.where(same, tl.reshape(tl.broadcast_to(X[:, None, :], (BT, BT // 16, 16)), (BT, BT)), 0.0), dt)
+    M = _dot(D, _cast(tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0), dt), IEEE)
     eye = r[:, None] == r[None, :]
     P = tl.where(eye, 1.0, 0.0) - M
+    M = _cast(M, dt)
     for _ in tl.static_range(BT // 16 - 2):
-        P = tl.where(eye, 1.0, 0.0) - _dot(M, P, IEEE)
-    return _dot(P, D, IEEE)
+        P = tl.where(eye, 1.0, 0.0) - _dot(_cast(P, dt), M, IEEE)
+    return _dot(_cast(P, dt), D, IEEE)
 
 
 @triton.jit
