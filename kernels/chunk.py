@@ -191,13 +191,23 @@ def _kkt_block(k_r, k_c, gc_r, gc_c, beta_r, rows, cols, n_valid, IEEE: tl.const
 
 
 @triton.jit
-def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.constexpr, IEEE: tl.constexpr):
+def _diag_scratch(A_diag, i_c, i_h, HV: tl.constexpr, BT: tl.constexpr):
+    """Chunk i_c's, value head i_h's [BT, 16] region of the solve's scratch A_diag [NT, HV, BT, 16]: its own,
+    so that the solve may write and read all of it (a token-indexed one ends where the next sequence's
+    rows begin)."""
+    return A_diag + (i_c.to(tl.int64) * HV + i_h) * (BT * 16)
+
+
+@triton.jit
+def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, IEEE: tl.constexpr):
     """(I + A)^-1 of one chunk, fp32 [BT, BT], for A = strictLower(diag(beta)(Gamma o K K^T)) of the
     [BT, BK] key tile b_k (one tensor-core dot).
 
-    diag + row * diag_stride: fp32 scratch, 16 per row, through which A's 16 x 16 diagonal blocks are
-    re-read by pointer (L1/L2-resident; a register tile has no cheap row or column access), transposed:
-    row 16 b + j holds column j of block b, so every load below is one contiguous 16-vector per block:
+    diag: this chunk's own [BT, 16] fp32 scratch (``_diag_scratch``), through which A's 16 x 16 diagonal
+    blocks are re-read by pointer (L1/L2-resident; a register tile has no cheap row or column access),
+    transposed: row 16 b + j holds column j of block b. Every entry is written, A's zeros included (above
+    the diagonal, rows past n_valid), so the loads below need no mask: each is one contiguous 16-vector
+    per block, which a thread reads in 16-byte pieces (masked, they were single floats and predicates):
       1. the four 16 x 16 diagonal blocks are inverted together, stacked as X [BT, 16], by backward
          column substitution: X (I + A_bb) = I gives column j = e_j - X[:, j+1:] A_bb[j+1:, j], whose
          coefficients are loaded (they depend only on the row's block) and whose sum runs along a row,
@@ -211,24 +221,19 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, diag_stride, BT: tl.con
          fp32), as the callers round the result: a half-precision accumulator-to-operand move stays in
          registers, where a tf32 one shuffles, and P M (P and M commute) keeps the running P the
          register operand and M the shared-memory one. D enters only the first and last dots.
-    Scratch rows past n_valid are neither written (they belong to the next sequence) nor read.
     """
     r = tl.arange(0, BT)
     m = tl.arange(0, 16)
     blk_r = r // 16
     b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_valid, IEEE)
     same = blk_r[:, None] == blk_r[None, :]
-    blk0 = rows - r % 16  # each row's block start (a row of the sequence)
-    # A[row, col] -> scratch[col, row % 16] within a block (col < n_valid: zeros above the diagonal too)
-    tl.store(diag + rows[None, :] * diag_stride + (r % 16)[:, None], b_A,
-             mask=same & (rows[:, None] < n_valid) & (rows[None, :] < n_valid))
+    # A[r, c] -> scratch[c, r % 16] within a block
+    tl.store(diag + r[None, :] * 16 + (r % 16)[:, None], b_A, mask=same)
     tl.debug_barrier()  # the scratch rows were written by other threads of this program
     X = tl.where((r % 16)[:, None] == m[None, :], 1.0, 0.0)
     for jj in tl.static_range(1, 16):  # column 15 of the inverse is e_15
         j = 15 - jj
-        # A_bb[m, j] for the row's block b, m > j (rows past n_valid: 0)
-        coef = tl.load(diag + (blk0 + j)[:, None] * diag_stride + m[None, :],
-                       mask=(m[None, :] > j) & (blk0[:, None] + m[None, :] < n_valid), other=0.0)
+        coef = tl.load(diag + (blk_r * 16 + j)[:, None] * 16 + m[None, :])  # A_bb[m, j], 0 for m <= j
         X = tl.where(m[None, :] == j, X - tl.sum(X * coef, 1)[:, None], X)
     dt: tl.constexpr = b_k.dtype
     D = _cast(tl.where(same, tl.reshape(tl.broadcast_to(X[:, None, :], (BT, BT // 16, 16)), (BT, BT)), 0.0), dt)
@@ -316,7 +321,7 @@ def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, cu_seqlens, chunk_indices,
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
     b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, A_diag + bos * HV * 16 + i_h * 16, HV * 16, BT, IEEE)
+    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, IEEE)
     _store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai)
 
 
@@ -608,7 +613,7 @@ class ChunkWorkspace:
     gc: Tensor  # [B*T, HV] fp32, chunk-local cumulative log decay
     W: Tensor  # [B*T, HV, K] input dtype
     U: Tensor  # [B*T, HV, V] input dtype
-    A_diag: Tensor  # [B*T, HV, 16] fp32 scratch of the solve: A's 16 x 16 diagonal blocks, transposed
+    A_diag: Tensor  # [NT, HV, C, 16] fp32 scratch of the solve: A's 16 x 16 diagonal blocks, transposed
     beta: Tensor | None  # [B*T, HV] fp32 sigmoid(b): raw gating in the multi-kernel pipeline
     Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel)
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
@@ -634,7 +639,7 @@ class ChunkWorkspace:
 
         return cls(
             gc=empty(BT, HV, dtype=torch.float32), W=empty(BT, HV, K), U=empty(BT, HV, V),
-            A_diag=empty(BT, HV, 16, dtype=torch.float32),
+            A_diag=empty(layout.NT, HV, CHUNK, 16, dtype=torch.float32),
             beta=empty(BT, HV, dtype=torch.float32) if stages and raw_gate else None,
             Ai=empty(BT, HV, CHUNK) if stages else None,
             v_new=None if fuse_output else empty(BT, HV, V),

@@ -43,7 +43,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
-                    _chunk_program, _chunk_state_fn, _settings, _with_bv, chunk_tier,
+                    _chunk_program, _chunk_state_fn, _diag_scratch, _settings, _with_bv, chunk_tier,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
                     _state_and_output, _state_prune, _v_block, _wu_store)
 from .chunk import describe as _describe
@@ -114,7 +114,7 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
     b_gc, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_v0 = _v_block(v, bos, rows, n_tok, i_h, HV, V, BV)  # in flight during the solve
-    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, A_diag + bos * HV * 16 + i_h * 16, HV * 16, BT, IEEE)
+    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, IEEE)
     _wu_store(_cast(b_ai, b_k.dtype), b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV,
               IEEE)
 

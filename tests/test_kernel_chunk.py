@@ -220,7 +220,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     f32, dt, BT = torch.float32, q.dtype, B * T
                     ws = chunk.ChunkWorkspace(
                         gc=guarded(shape=(BT, HV), dtype=f32), W=guarded(shape=(BT, HV, K), dtype=dt),
-                        U=guarded(shape=(BT, HV, V), dtype=dt), A_diag=guarded(shape=(BT, HV, 16), dtype=f32),
+                        U=guarded(shape=(BT, HV, V), dtype=dt), A_diag=guarded(shape=(lay.NT, HV, chunk.CHUNK, 16), dtype=f32),
                         beta=guarded(shape=(BT, HV), dtype=f32) if stages and "a" in kw else None,
                         Ai=guarded(shape=(BT, HV, chunk.CHUNK), dtype=dt) if stages else None,
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
