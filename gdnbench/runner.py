@@ -24,6 +24,7 @@ import torch
 from gdnbench import roofline, stats
 from gdnbench.backends import Backend, Prepared
 from gdnbench.check import check, reference_outputs
+from gdnbench.interrupts import reraise_interrupt
 from gdnbench.problem import Problem, make_problem
 from gdnbench.suite import Case, Suite
 from gdnbench.timing import Measurement, TimingConfig, measure_interleaved
@@ -80,6 +81,7 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
         problem = make_problem(case, opts.seed, opts.device)
         ref = reference_outputs(problem, suite.reference)
     except Exception as e:  # e.g. OOM building a huge case: every backend row says so
+        reraise_interrupt(e)
         status = "OOM" if isinstance(e, torch.OutOfMemoryError) else "ERROR"
         msg = f"building inputs/reference failed: {type(e).__name__}: {e}"
         _free(opts.device)
@@ -132,6 +134,7 @@ def _errors_become_rows(rows: list[dict], device: torch.device, free: bool) -> I
     except torch.OutOfMemoryError as e:
         _mark(rows, status="OOM", error=_first_line(e))
     except Exception as e:
+        reraise_interrupt(e)
         _mark(rows, status="ERROR", error=f"{type(e).__name__}: {_first_line(e)}", note=_where(e))
     finally:
         if free:

@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from gdnbench.interrupts import reraise_interrupt
 from gdnbench.stats import median_ci
 
 Timer = Literal["graph", "events", "wall"]
@@ -168,6 +169,7 @@ def _warm_up_and_capture(
             fn()
     except Exception as exc:  # e.g. a kernel that synchronises or copies to the host
         _recover_from_failed_capture(caller_stream)
+        reraise_interrupt(exc)
         reason = (str(exc).strip().splitlines() or [""])[0]
         return None, f"graph capture failed, fell back to events: {type(exc).__name__}: {reason}"
     return graph, ""

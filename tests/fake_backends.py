@@ -76,14 +76,22 @@ def clobber(p):
 
 
 class Interrupt:
-    """Raises KeyboardInterrupt from the second problem it is given (a user's Ctrl-C mid-run)."""
+    """Raises KeyboardInterrupt from the second problem it is given (a user's Ctrl-C mid-run); with
+    ``chained``, a RuntimeError raised while handling it, as a CUDA graph capture that a Ctrl-C broke
+    does on its way out."""
 
     calls = 0
+    chained = False
 
 
 @backend("fake.interrupt", **ANY)
 def interrupt(p):
     Interrupt.calls += 1
     if Interrupt.calls >= 2:
-        raise KeyboardInterrupt
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            if Interrupt.chained:
+                raise RuntimeError("operation failed due to a previous error during capture") from None
+            raise
     return ok.prepare(p)

@@ -121,8 +121,12 @@ def test_decode_pool_outside_slots_is_caught(tmp_path):
     assert df["error"].str.contains("outside slot_idx").all()
 
 
-def test_interrupt_keeps_finished_cases(tmp_path):
+@pytest.mark.parametrize("chained", [False, True])
+def test_interrupt_keeps_finished_cases(tmp_path, monkeypatch, chained):
+    """Ctrl-C ends the run (exit 130, run.json "interrupted") with the finished cases saved, also when it
+    comes back as another error raised while handling it, which must not become an ERROR row."""
     Interrupt.calls = 0
+    monkeypatch.setattr(Interrupt, "chained", chained)
     suite = write_suite(tmp_path, ["tests.fake_backends:interrupt"])
     res = run(suite, "--out", tmp_path / "out")
     assert res.exit_code == 130

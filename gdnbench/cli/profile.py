@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from gdnbench.cli.common import console, die, select
+from gdnbench.interrupts import reraise_interrupt
 from gdnbench.problem import make_problem
 from gdnbench.profile import mark_one_call, profile_backend
 
@@ -50,6 +51,7 @@ def profile(
                     continue
                 stats = profile_backend(b, problem, calls=calls)
             except Exception as e:  # one backend's failure must not end the others' profiles
+                reraise_interrupt(e)
                 console.print(f"[red]{case.id} / {b.name}: {type(e).__name__}: {e}[/red]")
                 continue
             total = sum(s.total_us for s in stats)
