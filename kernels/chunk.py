@@ -63,7 +63,7 @@ Hopper (sm_90) design choices and what they should buy:
   * the output pass (e) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
 Register pressure (ptxas for sm_90, bf16, K = V = 128, pointers 16-byte aligned as the JIT specializes
 them, see tests/sm90.py; without that every tile load is scalar and the counts nearly double): (b)
-153 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
+136 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
 pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills; with the output fused in
 255 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
 saved launch); the output pass 182 at BV 64, 4 warps.
@@ -213,8 +213,8 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, IEEE:
          coefficients are loaded (they depend only on the row's block) and whose sum runs along a row,
          inside a warp: 15 steps of a [BT, 16] multiply and row sum, no shared memory, no barrier;
          unrolled, so that the 15 loads (L2 hits: the stores just before do not fill L1) can all
-         issue ahead of the chain (a dynamic loop waits for each: 138 instead of 153 registers, and
-         triton does not pipeline a loop without a dot);
+         issue ahead of the chain (a dynamic loop waits for each, and triton does not pipeline a loop
+         without a dot);
       2. with D = blockdiag(X) and L the blocks of A below the diagonal, I + A = D^-1 (I + D L) and
          (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
          (M, P = I - P M twice, P D). Their operands are rounded to b_k's dtype (fp32 inputs: IEEE

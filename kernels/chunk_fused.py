@@ -28,12 +28,13 @@ on short sequences. For a few long sequences the state pass can run chunk-parall
 (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined by a scan; the backend
 triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next on an H100.
 
-The prep kernel runs 4-warp programs, two per SM (three or four with a register cap, a candidate
-the autotuner takes at D = 64 and on long sequences), whose latency-bound inverses overlap (an 8-warp
-program per SM was 1.05-1.4x slower in every case measured, see PREP_CANDIDATES). Registers at
-K = V = 128 bf16 on sm_90 (as the JIT specializes, see ``chunk``), no spills: 201 at 4 warps, BV 64,
-1 stage (255 with raw gating and the in-kernel L2 norm). Shared code (device functions, the state
-and output kernels, validation, the layout and workspace) lives in ``chunk``.
+The prep kernel runs 4-warp programs, two per SM at K = 128 and three at K = 64 (more with a
+register cap, a candidate the autotuner takes at D = 64 and on long sequences), whose latency-bound
+inverses overlap (an 8-warp program per SM was 1.05-1.4x slower in every case measured, see
+PREP_CANDIDATES). Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.9's
+ptxas), no spills, 4 warps, BV 64, 1 stage: 212 at K = V = 128 (244 with raw gating and the in-kernel
+L2 norm), 150 at K = V = 64. Shared code (device functions, the state and output kernels, validation,
+the layout and workspace) lives in ``chunk``.
 """
 
 from __future__ import annotations
@@ -84,9 +85,11 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
 # parity's B=16 T=512 D=64 / B=8 T=512 D=128 and B=1 T=16384 HV=32 D=128: (64, 4, 1) 79.5 / 70.4 / 986,
 # (128, 4, 1) 82.1 / 68.1 / 974; dropped: (64, 8, 2) 111.6 / 90.8 / 1321, 2 warps 90.8 / 72.3 / 1069.
 # The fourth number caps registers per thread (maxnreg), for 3 (168) or 4 (128) programs per SM instead
-# of 2, paid in spills: forced and interleaved on an H100 (same three cases), (64, 4, 1) 79.5 / 71.1 /
-# 953, capped at 168 75.8 / 75.7 / 906, at 128 73.2 / 76.7 / 971: the cap wins at D = 64 and on the long
-# sequences, and loses on small D = 128 problems, so the autotuner chooses per size tier.
+# of 2, paid in spills: forced and interleaved on an H100 (same three cases, at 09b996c, when the kernel
+# held 195 registers at D = 64 and 255 at D = 128), (64, 4, 1) 79.5 / 71.1 / 953, capped at 168 75.8 /
+# 75.7 / 906, at 128 73.2 / 76.7 / 971: the cap wins at D = 64 and on the long sequences, and loses on
+# small D = 128 problems, so the autotuner chooses per size tier. (At D = 64 the kernel now fits 3
+# programs uncapped, where the 168 cap changes nothing; the autotuner still picked the 128 cap there.)
 PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1), (64, 4, 1, 168), (64, 4, 1, 128)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES)
 PREP_MIN_WIDTH = 64  # masked columns pad narrower V blocks and key tiles (see above)
