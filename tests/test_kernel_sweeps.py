@@ -71,3 +71,52 @@ def test_a_malformed_decode_config_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.recurrent_sweep", "smoke", "-c", "8,1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "expected BV,WARPS,ITEMS" in run.stderr
+
+IN_GIT = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
+needs_git = pytest.mark.skipif(not IN_GIT, reason="revision_ab reads kernels/ from the repository's git history")
+
+
+@needs_git
+def test_revision_ab_runs_both_sides_and_checks_them():
+    """HEAD against the working tree (the same kernels in CI): one row, both sides PASS with equal errors."""
+    (row,) = _sweep("smoke", "-k", CASE, "--rev", "HEAD", tool="revision_ab")
+    fields = row.split()
+    assert fields[1] == "triton.chunk_fused" and len(fields) == 7, row
+    err_o, err_state = (f.split("/") for f in fields[5:7])
+    assert err_o[0] == err_o[1] and err_state[0] == err_state[1] and float(err_o[0]) < 1e-5, row
+
+
+SIDES = """
+import importlib, torch
+from examples.kernel_sweeps import revision_ab as ab
+from gdnbench.backends import get_backend
+from gdnbench.problem import make_problem
+from gdnbench.suite import load_suite
+s = load_suite("smoke")
+p = make_problem(s.cases[0], s.seed, torch.device("cpu"))
+b = get_backend("triton.chunk_fused")
+with ab.kernels_at("HEAD") as (sha, old):
+    calls = []
+    real = old.chunk_fused.chunk_fused_gdn
+    old.chunk_fused.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
+    ab._prepare_with(old, b, p).call()
+    seen_old = len(calls)
+    ab._prepare_with(importlib.import_module("gdnbench_kernels"), b, p).call()
+    print(old.__name__, sha, seen_old, len(calls))
+"""
+
+
+@needs_git
+def test_revision_ab_prepares_each_side_on_its_own_package():
+    run = subprocess.run([sys.executable, "-c", SIDES], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    name, sha, seen_old, seen_after = run.stdout.split()
+    assert name == f"gdnbench_kernels_at_{sha}" and seen_old == seen_after == "1"
+
+
+def test_revision_ab_names_a_bad_revision():
+    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.revision_ab", "smoke", "--rev", "no-such-rev",
+                          "--device", "cpu"], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "no-such-rev" in run.stderr

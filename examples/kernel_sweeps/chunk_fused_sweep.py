@@ -28,7 +28,6 @@ every config, with wall-clock times that mean nothing.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 
 import numpy as np
@@ -41,7 +40,7 @@ from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import measure_interleaved
 
-from .common import int_tuple, rel_diff, swapped, sweep_timing
+from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timing, tool_parser
 
 
 def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, ...]] | None,
@@ -106,16 +105,13 @@ def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = tool_parser(__doc__)
     sub = parser.add_subparsers(dest="sweep", required=True)
     for name, help_ in (("configs", "force each candidate config of one kernel"),
                         ("fuse-output", "output pass vs output folded into the state pass"),
                         ("segments", "the sequential state pass vs the chunk-parallel one")):
         cmd = sub.add_parser(name, help=help_)
-        cmd.add_argument("suite", help="a suite YAML file or a shipped suite's name")
-        cmd.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
-        cmd.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+        add_case_arguments(cmd)
         if name == "configs":
             cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
             cmd.add_argument("-c", "--config", type=int_tuple("BV,WARPS,STAGES[,MAXNREG]", "64,4,1", (3, 4)),

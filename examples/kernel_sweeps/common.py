@@ -19,6 +19,20 @@ def sweep_timing(device: torch.device) -> TimingConfig:
     return TimingConfig(timer=default_timer(device), max_time_s=0.3, min_time_s=0.0)
 
 
+def tool_parser(doc: str) -> argparse.ArgumentParser:
+    """A sweep's command-line parser, described by its module docstring's first paragraph."""
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """SUITE, -k and --device: which cases a sweep runs, and where."""
+    parser.add_argument("suite", help="a suite YAML file or a shipped suite's name")
+    parser.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda (the default where there is one) or cpu (with TRITON_INTERPRET=1: Triton's "
+                             "interpreter, a correctness check whose times mean nothing)")
+
+
 def rel_diff(x: torch.Tensor, ref: torch.Tensor) -> float:
     """Relative difference of x from ref (Frobenius norms, fp64)."""
     return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))

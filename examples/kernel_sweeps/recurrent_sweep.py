@@ -19,7 +19,6 @@ every config, with wall-clock times that mean nothing.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 import torch
@@ -31,7 +30,7 @@ from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import measure_interleaved
 
-from .common import int_tuple, rel_diff, swapped, sweep_timing
+from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timing, tool_parser
 
 
 def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device) -> None:
@@ -78,13 +77,10 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", help="a suite YAML file or a shipped suite's name")
-    parser.add_argument("-k", "--filter", help="only cases whose id contains TEXT")
+    parser = tool_parser(__doc__)
+    add_case_arguments(parser)
     parser.add_argument("-c", "--config", type=int_tuple("BV,WARPS,ITEMS", "8,1,4"), action="append",
                         help="BV,WARPS,ITEMS to force (repeatable; default: the shipped candidates)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     sweep(args.suite, args.filter, args.config, torch.device(args.device))
 
