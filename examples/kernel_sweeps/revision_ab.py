@@ -107,11 +107,8 @@ def compare(suite: str, pattern: str | None, rev: str, backends: list[str], devi
                     if prepared.reset is not None:
                         prepared.reset()
                     prepared.call()
-                    res = check(prepared.outputs(), ref, p, s.tolerances)
-                    errs.append(res)
-                    if prepared.reset is not None:
-                        prepared.reset()
-                ms = measure_interleaved([(x.call, x.reset) for x in sides], device=device,
+                    errs.append(check(prepared.outputs(), ref, p, s.tolerances))
+                ms = measure_interleaved([(x.call, x.reset) for x in sides], device=device,  # resets as it samples
                                          config=sweep_timing(device))
                 t_old, t_new = (float(np.median(m.samples_us)) for m in ms)
 
