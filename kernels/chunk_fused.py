@@ -13,8 +13,8 @@ Two or three launches instead of five:
   2. ``chunk``'s state pass, the same autotuned kernel and candidates (a list of its own, BV 16 and
      8 warps among them, made this pass 450 us at B=1 T=16384 HV=32 on an H100 against ``chunk``'s
      314 us).
-  3. ``chunk``'s output pass; or, for many short sequences of about equal length at K = 128
-     (``fuse_output``, default: see FUSE_OUTPUT_MAX_LEN), the outputs are computed inside the state
+  3. ``chunk``'s output pass; or, for many sequences of about equal length at K = 128
+     (``fuse_output``, default: see FUSE_OUTPUT_MIN_HEADS), the outputs are computed inside the state
      pass, which then has its own candidate list: one launch less and no h / v_new round trip,
      paid for with Q K^T recomputed once per V-block and no parallelism over chunks.
 
@@ -53,14 +53,18 @@ __all__ = ["chunk_fused_gdn", "fuse_output_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
-# with programs enough to fill the GPU, sequences of about equal length and the wide K = 128 tile.
+# with programs enough to fill the GPU, sequences of about equal length and the wide K = 128 tile. How
+# long the sequences are does not matter: both the fused walk and the passes it replaces grow with it.
 # Measured on an H100 (bf16, interleaved graph timing, multi-kernel output pass vs fused, us):
 #   K = 128, padded, N*HV 64..512, T 64..2048: 77.6 vs 71.2, 83.7 vs 77.2, 90.9 vs 85.8, 96.9 vs 90.2,
 #       145.9 vs 128.6 (B=8 T=1024), 566 vs 479 (B=16 T=1024 HV=16), 271 vs 240 (B=2 T=2048 HV=32);
 #   K = 128, varlen N*HV 128 and 256 (longest sequence 4x the mean): 69.7 vs 83.6, 94.9 vs 96.6;
 #   K = 64, padded, N*HV 64..512: 48.0 vs 52.2, 79.6 vs 79.7, 79.3 vs 85.2, 83.6 vs 87.3;
-#   N*HV 6..16 (parity's small cases, any K): fused 10-70% slower.
-FUSE_OUTPUT_MAX_LEN = 2048  # tokens of the longest sequence
+#   N*HV 6..16 (parity's small cases, any K): fused 10-70% slower;
+#   K = 128, long sequences (at 5f7a4e0, qwen3-next's heads unless given): B=4 T=8192 (N*HV 128) 1561.6 vs
+#       1202.8, B=2 T=8192 797.0 vs 702.4, B=2 T=32768 3093.9 vs 2702.3, B=3 T=8192 1265.1 vs 1196.4,
+#       B=8 T=8192 3115.9 vs 2693.7, B=4 T=16384 HV=16 1550.8 vs 1363.4; B=1 T=4096..65536 (N*HV 32)
+#       fused 1.09-1.15x slower (234.8 vs 255.8 ... 3276.4 vs 3725.2).
 FUSE_OUTPUT_MIN_HEADS = 64  # (sequence, value head) pairs
 FUSE_OUTPUT_MIN_K = 128
 FUSE_OUTPUT_MAX_IMBALANCE = 1.25  # longest sequence / mean length
@@ -123,11 +127,11 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
-    """Whether the output pass folds into the state pass by default: many short sequences of about
-    equal length, K >= 128 (see FUSE_OUTPUT_MAX_LEN). With the chunk-parallel pass the walks are the
+    """Whether the output pass folds into the state pass by default: many sequences of about equal
+    length, K >= 128 (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
     segments', so the rule applies to them."""
     lay = layout if segments is None else segments.layout
-    return (lay.max_len <= FUSE_OUTPUT_MAX_LEN and lay.N * HV >= FUSE_OUTPUT_MIN_HEADS and K >= FUSE_OUTPUT_MIN_K
+    return (lay.N * HV >= FUSE_OUTPUT_MIN_HEADS and K >= FUSE_OUTPUT_MIN_K
             and lay.max_len * lay.N <= FUSE_OUTPUT_MAX_IMBALANCE * lay.tokens)
 
 

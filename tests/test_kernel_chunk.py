@@ -431,7 +431,8 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     (8, 512, None, 8, 128, True),  # 64 sequence-heads of 8 chunks, K = 128
     (8, 512, None, 8, 64, False),  # K = 64: the output pass is cheap enough
     (4, 512, None, 8, 128, False),  # 32 pairs: too few programs for a sequential walk
-    (2, 4096, None, 32, 128, False),  # sequences past FUSE_OUTPUT_MAX_LEN
+    (4, 8192, None, 32, 128, True),  # long sequences too (qwen3-next B=4)
+    (1, 65536, None, 32, 128, False),  # 32 pairs
     (1, 0, [100] * 15 + [500], 8, 128, False),  # the longest sequence would hold up the pass
     (1, 0, [100] * 16, 8, 128, True),
 ])
@@ -444,13 +445,13 @@ def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, f
 
 
 def test_with_segments_the_output_rule_looks_at_the_segments():
-    """B=1 T=65536 HV=32: one walk too long to fuse the outputs into, 32 segments of 2048 tokens are not."""
+    """B=1 T=65536 HV=32: one walk is too few to fuse the outputs into, 32 or 16 segments are not."""
     from gdnbench_kernels import chunk, chunk_fused
 
     layout = chunk.ChunkLayout.build(1, 65536, None, CPU)
     assert not chunk_fused.fuse_output_default(layout, 32, 128)
     assert chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 32))
-    assert not chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 64))
+    assert chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 64))
 
 
 def test_interpreted_run_time(interpreted):

@@ -2,7 +2,7 @@
 
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T,
-the triangular solve and W/U into one kernel and, for short sequences, the outputs into the state
+the triangular solve and W/U into one kernel and, for many sequences, the outputs into the state
 pass; ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
 All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
 cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
@@ -97,13 +97,14 @@ def triton_chunk(p: Problem) -> Prepared:
 
 @backend("triton.chunk_fused", requires=(FUSED_KERNEL,), **_ENVELOPE)
 def triton_chunk_fused(p: Problem) -> Prepared:
-    """Bundled Triton chunked prefill, gate+K K^T+solve+W/U fused (and the output pass for short sequences)."""
+    """Bundled Triton chunked prefill, gate+K K^T+solve+W/U fused (and the output pass for many sequences)."""
     return _prepare(p, fused=True)
 
 
-# chunks per segment in triton.chunk_fused_cp: the fastest of 8, 16, 32 and 64 on an H100 at B=1 T=8192 to
-# 65536 among those whose segments (2048 tokens) take the outputs folded in by the default rule; every
-# size lost to triton.chunk_fused's sequential pass (BENCHMARKS.md, `chunk_fused_sweep segments`)
+# chunks per segment in triton.chunk_fused_cp: of 8, 16, 32 and 64, each with the outputs folded in, on an
+# H100 at B=1 T=4096 to 65536, 32 was never more than 12% behind the best, 64 won from T=16384 by 2-11% and
+# lost by 1.3x at T=4096 and 8192; every size lost to triton.chunk_fused's sequential pass (BENCHMARKS.md,
+# fourth session, `chunk_fused_sweep segments`)
 CP_SEGMENT_CHUNKS = 32
 
 
