@@ -53,21 +53,30 @@ __all__ = ["chunk_fused_gdn", "fuse_output_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
-# with programs enough to fill the GPU, sequences of about equal length and the wide K = 128 tile. How
-# long the sequences are does not matter: both the fused walk and the passes it replaces grow with it.
-# Measured on an H100 (bf16, interleaved graph timing, multi-kernel output pass vs fused, us):
+# with walks enough to fill the GPU (64 (sequence, value head) pairs at K = 128, 128 at narrower K, whose
+# output pass is cheaper) and either sequences of about equal length (any length: both the fused walk and
+# the passes it replaces grow with it) or short ones (the longest of unequal sequences, which the fused
+# walk waits for, at most 512 tokens). Measured on an H100 (bf16, interleaved graph timing, multi-kernel
+# output pass vs fused, us):
 #   K = 128, padded, N*HV 64..512, T 64..2048: 77.6 vs 71.2, 83.7 vs 77.2, 90.9 vs 85.8, 96.9 vs 90.2,
 #       145.9 vs 128.6 (B=8 T=1024), 566 vs 479 (B=16 T=1024 HV=16), 271 vs 240 (B=2 T=2048 HV=32);
 #   K = 128, varlen N*HV 128 and 256 (longest sequence 4x the mean): 69.7 vs 83.6, 94.9 vs 96.6;
-#   K = 64, padded, N*HV 64..512: 48.0 vs 52.2, 79.6 vs 79.7, 79.3 vs 85.2, 83.6 vs 87.3;
+#   K = 64, padded, N*HV 64..512: 48.0 vs 52.2, 79.6 vs 79.7, 79.3 vs 85.2, 83.6 vs 87.3 (at 3e8a745; at
+#       a145fc7, N*HV 64 37.1 vs 39.7, N*HV 128..512 62.2 vs 56.7, 62.0 vs 51.8, 66.9 vs 54.1, and B=16 T=2048
+#       H=8 (128) 236.7 vs 184.3);
+#   unequal varlen, at a145fc7: longest 408 tokens (K = 128, 256 pairs) 81.0 vs 66.6 and 246 (K = 64, 512
+#       pairs) 41.1 vs 38.0; longest 514 (K = 128, 128 pairs) 61.3 vs 71.6, 700 (K = 64, 256) 48.9 vs 60.9,
+#       1097 (K = 64, 128) 51.0 vs 74.4;
 #   N*HV 6..16 (parity's small cases, any K): fused 10-70% slower;
 #   K = 128, long sequences (at 5f7a4e0, qwen3-next's heads unless given): B=4 T=8192 (N*HV 128) 1561.6 vs
 #       1202.8, B=2 T=8192 797.0 vs 702.4, B=2 T=32768 3093.9 vs 2702.3, B=3 T=8192 1265.1 vs 1196.4,
 #       B=8 T=8192 3115.9 vs 2693.7, B=4 T=16384 HV=16 1550.8 vs 1363.4; B=1 T=4096..65536 (N*HV 32)
 #       fused 1.09-1.15x slower (234.8 vs 255.8 ... 3276.4 vs 3725.2).
-FUSE_OUTPUT_MIN_HEADS = 64  # (sequence, value head) pairs
-FUSE_OUTPUT_MIN_K = 128
-FUSE_OUTPUT_MAX_IMBALANCE = 1.25  # longest sequence / mean length
+FUSE_OUTPUT_MIN_HEADS = 64  # (sequence, value head) pairs at K >= FUSE_OUTPUT_WIDE_K
+FUSE_OUTPUT_MIN_HEADS_NARROW = 128  # below it
+FUSE_OUTPUT_WIDE_K = 128
+FUSE_OUTPUT_MAX_IMBALANCE = 1.25  # longest sequence / mean length, or:
+FUSE_OUTPUT_MAX_UNEQUAL_LEN = 512  # tokens of the longest sequence
 
 # The state pass with the output fused in (fuse_output; without it, chunk's state pass runs). Each of
 # these won somewhere when every config was forced on an H100 (whole call, graph timer, us): B=64 T=64
@@ -127,12 +136,13 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
-    """Whether the output pass folds into the state pass by default: many sequences of about equal
-    length, K >= 128 (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
+    """Whether the output pass folds into the state pass by default: many sequences, of about equal
+    length or short (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
     segments', so the rule applies to them."""
     lay = layout if segments is None else segments.layout
-    return (lay.N * HV >= FUSE_OUTPUT_MIN_HEADS and K >= FUSE_OUTPUT_MIN_K
-            and lay.max_len * lay.N <= FUSE_OUTPUT_MAX_IMBALANCE * lay.tokens)
+    min_heads = FUSE_OUTPUT_MIN_HEADS if K >= FUSE_OUTPUT_WIDE_K else FUSE_OUTPUT_MIN_HEADS_NARROW
+    return lay.N * HV >= min_heads and (lay.max_len * lay.N <= FUSE_OUTPUT_MAX_IMBALANCE * lay.tokens
+                                        or lay.max_len <= FUSE_OUTPUT_MAX_UNEQUAL_LEN)
 
 
 def chunk_fused_gdn(

@@ -429,11 +429,13 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
 
 @pytest.mark.parametrize("B,T,seqs,HV,K,fused", [
     (8, 512, None, 8, 128, True),  # 64 sequence-heads of 8 chunks, K = 128
-    (8, 512, None, 8, 64, False),  # K = 64: the output pass is cheap enough
+    (8, 512, None, 8, 64, False),  # K = 64: the output pass is cheap enough at 64 pairs
+    (16, 512, None, 8, 64, True),  # but not at 128
     (4, 512, None, 8, 128, False),  # 32 pairs: too few programs for a sequential walk
     (4, 8192, None, 32, 128, True),  # long sequences too (qwen3-next B=4)
     (1, 65536, None, 32, 128, False),  # 32 pairs
-    (1, 0, [100] * 15 + [500], 8, 128, False),  # the longest sequence would hold up the pass
+    (1, 0, [100] * 15 + [600], 8, 128, False),  # the longest sequence would hold up the pass
+    (1, 0, [100] * 15 + [500], 8, 128, True),  # unless it is short
     (1, 0, [100] * 16, 8, 128, True),
 ])
 def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, fused):
