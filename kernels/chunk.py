@@ -22,6 +22,9 @@ against; ``chunk_fused`` removes the round trips):
                                the chunk-entry states h [NT, HV, K, V] and v_new (input dtype), takes
                                initial_state, writes final_state (fp32);
   (e) ``_chunk_output_kernel`` per (chunk, value head, V-block): the outputs from q, k, gc, h, v_new.
+                               With ``SPAN`` = 2 (chunk_fused, see OUTPUT_SPAN2_CANDIDATES there), (d)
+                               stores the state entering every other chunk only, h [NP, HV, K, V], and
+                               (e) runs per pair of chunks: half the h bytes written and read.
 
 (d) can also compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one
 launch and no h round trip instead of parallelism over chunks, which ``chunk_fused`` uses for short
@@ -268,9 +271,16 @@ def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_valid, scale, IEEE: tl.conste
 
     b_h: the state entering the chunk and b_v: v_new, both in the dot dtype."""
     b_o = _dot(b_q, b_h, IEEE) * _exp(b_gc)[:, None]
-    keep = (rows[:, None] >= rows[None, :]) & (rows[:, None] < n_valid)
-    b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), b_gc, b_gc, keep)
-    return (b_o + _dot(_cast(b_s, b_v.dtype), b_v, IEEE)) * scale
+    return (b_o + _scores_times_v(b_q, b_k, b_v, b_gc, b_gc, rows, rows, n_valid, IEEE)) * scale
+
+
+@triton.jit
+def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, n_valid, IEEE: tl.constexpr):
+    """lowerIncl(Gamma o Q K^T) v of the query rows rows_r against the key rows rows_c (Gamma_ij =
+    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]."""
+    keep = (rows_r[:, None] >= rows_c[None, :]) & (rows_r[:, None] < n_valid)
+    b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), gc_r, gc_c, keep)
+    return _dot(_cast(b_s, b_v.dtype), b_v, IEEE)
 
 
 # ---- (a) - (c): the chunk-parallel stages --------------------------------------------------------------
@@ -435,11 +445,13 @@ OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 
 
 @triton.jit
-def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offsets, scale, state_tier,
+def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, scale, state_tier,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
-                    SEGMENT: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
-    # state_tier: only a key of the autotuner. SEGMENT (the chunk-parallel pass, see SegmentLayout; each
+                    SEGMENT: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr,
+                    BV: tl.constexpr):
+    # state_tier: only a key of the autotuner. h_offsets: each sequence's first h entry (its first chunk,
+    # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored). SEGMENT (the chunk-parallel pass, see SegmentLayout; each
     # "sequence" is then a segment): 0 the plain pass; 1 from a zero state, only the final state (ht);
     # 2 the transition M (ht, V = K): the state from the identity with U taken as 0.
     # 1-D grid, a walk's V-blocks side by side: they read the same W and k tiles, which they then share in
@@ -450,7 +462,7 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
     i_hk = i_h // (HV // H)
     bos = tl.load(cu_seqlens + i_n)
     n_tok = (tl.load(cu_seqlens + i_n + 1) - bos).to(tl.int32)
-    first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
+    first_h = tl.load(h_offsets + i_n).to(tl.int64)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
     dt = W.dtype.element_ty
@@ -466,7 +478,8 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
         rows = i_t * BT + tl.arange(0, BT)
         b_hd = _cast(b_h, dt)
         if not FUSE_OUTPUT and SEGMENT == 0:
-            _store_tile(h + ((first_chunk + i_t) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
+            if i_t % SPAN == 0:
+                _store_tile(h + ((first_h + i_t // SPAN) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
         b_w = _load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K)
         if SEGMENT == 2:
             b_v = -_dot(b_w, b_hd, IEEE)
@@ -490,28 +503,48 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, chunk_offse
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
 
 
-_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "state_tier"],
+_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "state_tier"],
                                       prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 
-@triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V", "chunk_tier"], prune_configs_by={"early_config_prune": _bv_prune})
 @triton.jit
-def _chunk_output_kernel(q, k, gc, h, v_new, o, cu_seqlens, chunk_indices, scale, chunk_tier,
-                         H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                         BK: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr, BV: tl.constexpr):
+def _chunk_output_fn(q, k, gc, h, v_new, o, cu_seqlens, block_indices, scale, chunk_tier,
+                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                     BK: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr,
+                     BV: tl.constexpr):
+    # one program per block of SPAN chunks (block_indices: the layout's chunk_indices or pair_indices),
+    # value head and V-block; h holds the state entering each block. Chunk j of a block takes the
+    # block's state through Q S, and chunks 0..j through their [BT, BT] score blocks, one at a time (a
+    # [SPAN * BT]^2 score tile would need 8 warps at SPAN 2); gc restarts at every chunk, so over a block
+    # chunk j's rows add the decay of the chunks before it (``carry``).
     i_c, i_h, i_v = _chunk_program(HV, (V + BV - 1) // BV)
-    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    bos, i_b, n_tok = _chunk_bounds(cu_seqlens, block_indices, i_c)
     i_hk = i_h // (HV // H)
-    rows = i_t * BT + tl.arange(0, BT)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
-    b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
-    b_k = _load_qk(k + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
-    b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
     b_h = _load_tile(h + (i_c.to(tl.int64) * HV + i_h) * K * V, cols_k, K, V, cols_v, V)
-    b_v = _load_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V)
-    b_o = _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_tok, scale, IEEE)
-    _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+    carry_j = 0.0
+    for j in range(SPAN):  # a dynamic loop: unrolled, the pair's tiles were all loaded up front (spills)
+        rows_j = (i_b * SPAN + j) * BT + tl.arange(0, BT)
+        b_q = _load_qk(q + bos * H * K + i_hk * K, rows_j, n_tok, H * K, K, BK, L2NORM)
+        gc_j = tl.load(gc + (bos + rows_j) * HV + i_h, mask=rows_j < n_tok, other=0.0) + carry_j
+        b_o = _dot(b_q, b_h, IEEE) * _exp(gc_j)[:, None]
+        carry_i = 0.0
+        for i in range(j + 1):
+            rows_i = (i_b * SPAN + i) * BT + tl.arange(0, BT)
+            b_k = _load_qk(k + bos * H * K + i_hk * K, rows_i, n_tok, H * K, K, BK, L2NORM)
+            gc_i = tl.load(gc + (bos + rows_i) * HV + i_h, mask=rows_i < n_tok, other=0.0) + carry_i
+            b_v = _load_tile(v_new + bos * HV * V + i_h * V, rows_i, n_tok, HV * V, cols_v, V)
+            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, n_tok, IEEE)
+            last = (i_b * SPAN + i) * BT + BT - 1
+            carry_i += tl.load(gc + (bos + last) * HV + i_h, mask=last < n_tok, other=0.0)
+        _store_tile(o + bos * HV * V + i_h * V, rows_j, n_tok, HV * V, cols_v, V, b_o * scale)
+        last = (i_b * SPAN + j) * BT + BT - 1
+        carry_j += tl.load(gc + (bos + last) * HV + i_h, mask=last < n_tok, other=0.0)
+
+
+_chunk_output_kernel = triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V", "SPAN", "chunk_tier"],
+                                       prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
 
 
 SCAN_BV = 32  # V columns per program of the segment scan; 8 warps hold its [K, K] fp32 transition
@@ -565,6 +598,10 @@ class ChunkLayout:
     cu_seqlens: Tensor  # [N + 1] int64
     chunk_indices: Tensor  # [NT, 2] int32: (sequence, chunk within it), sequence-major
     chunk_offsets: Tensor  # [N + 1] int32: global index of each sequence's first chunk
+    # the same for pairs of chunks (a sequence's last pair may hold one), the output pass's blocks at SPAN 2
+    NP: int
+    pair_indices: Tensor  # [NP, 2] int32
+    pair_offsets: Tensor  # [N + 1] int32
 
     @classmethod
     def build(cls, B: int, T: int, cu_seqlens: Tensor | None, device: torch.device | str) -> ChunkLayout:
@@ -577,17 +614,28 @@ class ChunkLayout:
         lens = [e - s for s, e in zip(bounds, bounds[1:])]
         if bounds[0] != 0 or bounds[-1] != B * T or min(lens) < 0:
             raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {bounds}")
-        chunks = [triton.cdiv(n, CHUNK) for n in lens]
-        offsets = [0]
-        for c in chunks:
-            offsets.append(offsets[-1] + c)
-        indices = [(n, c) for n, count in enumerate(chunks) for c in range(count)]
-        return cls(
-            N=len(lens), NT=offsets[-1], max_len=max(lens), tokens=B * T,
-            cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device),
-            chunk_indices=torch.tensor(indices, dtype=torch.int32, device=device).reshape(-1, 2),
-            chunk_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
-        )
+
+        def blocks(tokens: int) -> tuple[int, Tensor, Tensor]:
+            counts = [triton.cdiv(n, tokens) for n in lens]
+            offsets = [0]
+            for c in counts:
+                offsets.append(offsets[-1] + c)
+            indices = [(n, c) for n, count in enumerate(counts) for c in range(count)]
+            return (offsets[-1], torch.tensor(indices, dtype=torch.int32, device=device).reshape(-1, 2),
+                    torch.tensor(offsets, dtype=torch.int32, device=device))
+
+        (NT, chunk_indices, chunk_offsets), (NP, pair_indices, pair_offsets) = blocks(CHUNK), blocks(2 * CHUNK)
+        return cls(N=len(lens), NT=NT, max_len=max(lens), tokens=B * T,
+                   cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device),
+                   chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
+                   NP=NP, pair_indices=pair_indices, pair_offsets=pair_offsets)
+
+    def blocks(self, span: int) -> tuple[int, Tensor, Tensor]:
+        """(count, [count, 2] indices, [N + 1] offsets) of the blocks of ``span`` chunks (1 or 2)."""
+        if span not in (1, 2):
+            raise ValueError(f"output blocks span 1 or 2 chunks, got {span}")
+        return (self.NT, self.chunk_indices, self.chunk_offsets) if span == 1 else \
+            (self.NP, self.pair_indices, self.pair_offsets)
 
 
 @dataclass(frozen=True)
@@ -633,7 +681,7 @@ class ChunkWorkspace:
     beta: Tensor | None  # [B*T, HV] fp32 sigmoid(b): raw gating in the multi-kernel pipeline
     Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel)
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
-    h: Tensor | None  # [NT, HV, K, V] input dtype, the state entering each chunk (None likewise)
+    h: Tensor | None  # [NT or NP, HV, K, V] input dtype, the state entering each output block (None likewise)
     final_state: Tensor | None  # [N, HV, K, V] fp32
     # the chunk-parallel state pass (SegmentLayout), fp32, per segment: state from zero, transition,
     # entering state
@@ -643,9 +691,10 @@ class ChunkWorkspace:
 
     @classmethod
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
-                 fuse_output: bool, final_state: bool, segments: SegmentLayout | None = None) -> ChunkWorkspace:
+                 fuse_output: bool, final_state: bool, segments: SegmentLayout | None = None,
+                 output_span: int = 1) -> ChunkWorkspace:
         """stages: the multi-kernel pipeline's Ai (and beta for raw gating) buffers too; segments: the
-        chunk-parallel state pass's."""
+        chunk-parallel state pass's; output_span: chunks per output block (h holds one state per block)."""
         B, T, _, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         BT, dt, dev = B * T, q.dtype, q.device
@@ -659,7 +708,7 @@ class ChunkWorkspace:
             beta=empty(BT, HV, dtype=torch.float32) if stages and raw_gate else None,
             Ai=empty(BT, HV, CHUNK) if stages else None,
             v_new=None if fuse_output else empty(BT, HV, V),
-            h=None if fuse_output else empty(layout.NT, HV, K, V),
+            h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
             **({} if segments is None else dict(
                 seg_L=empty(segments.layout.N, HV, K, V, dtype=torch.float32),
@@ -714,6 +763,7 @@ class _Args:
     BK: int
     l2norm: bool
     ieee: bool
+    span: int  # chunks per output block
 
     @property
     def raw(self) -> bool:
@@ -724,7 +774,7 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
            b: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None, *, scale: float,
            initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
            layout: ChunkLayout | None, qk_l2norm: bool, out: Tensor | None, workspace: ChunkWorkspace | None,
-           stages: bool, fuse_output: bool, segments: SegmentLayout | None = None) -> _Args:
+           stages: bool, fuse_output: bool, segments: SegmentLayout | None = None, output_span: int = 1) -> _Args:
     """Validate a launch of either variant and fill in its layout, workspace and output."""
     B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
                                      head_dim_limit="one key tile per chunk")
@@ -741,15 +791,18 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
         raise ValueError(f"initial_state must be [N, HV, K, V] = {(lay.N, HV, K, V)}")
     if segments is not None and (segments.layout.tokens != lay.tokens or segments.seg_offsets.numel() != lay.N + 1):
         raise ValueError("segments must cut this batch's layout")
+    if segments is not None and output_span != 1:  # a segment may end inside a pair of the batch's chunks
+        raise ValueError("the chunk-parallel state pass stores the state of every chunk (output_span 1)")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
                                               fuse_output=fuse_output, final_state=output_final_state,
-                                              segments=segments)
+                                              segments=segments, output_span=output_span)
     seg = segments is not None
     missing = [name for name, need in (("Ai", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
                                        ("final_state", output_final_state), ("seg_L", seg), ("seg_M", seg),
                                        ("seg_init", seg)) if need and getattr(ws, name) is None]
-    if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype:
+    if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype or \
+            (not fuse_output and ws.h.shape[0] != lay.blocks(output_span)[0]):
         raise ValueError(f"workspace does not fit this call (missing {missing})" if missing
                          else "workspace was allocated for another problem size or dtype")
     out = output_buffer(out, q, B, T, HV, V)
@@ -761,13 +814,14 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
                  b=flat(b), A_log=flat(A_log), dt_bias=flat(dt_bias),
                  h0=None if initial_state is None else initial_state.contiguous().float(),
                  out=out, ws=ws, lay=lay, scale=scale, H=H, HV=HV, K=K, V=V,
-                 BK=_tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32)
+                 BK=_tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32, span=output_span)
 
 
 def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool,
-                      segments: SegmentLayout | None = None) -> None:
+                      segments: SegmentLayout | None = None, output_kernel=None) -> None:
     """(d), and (e) unless the output is fused into (d); with ``segments``, (d) chunk-parallel
-    (SegmentLayout: d1-d4). state_kernel: an autotuned _chunk_state_fn."""
+    (SegmentLayout: d1-d4). state_kernel: an autotuned _chunk_state_fn; output_kernel: an autotuned
+    _chunk_output_fn (default: ``_chunk_output_kernel``), run on blocks of x.span chunks."""
     lay, ws = x.lay, x.ws
     shape = dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
     final = ws.final_state if output_final_state else None
@@ -776,9 +830,9 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
                    fuse: bool = False) -> None:
         V = x.K if segment == 2 else x.V  # the transition's columns run over K
         state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
-            x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.chunk_offsets, x.scale,
-            state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
-            FUSE_OUTPUT=fuse, SEGMENT=segment, **{**shape, "V": V})
+            x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.blocks(x.span)[2],
+            x.scale, state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
+            FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span, **{**shape, "V": V})
 
     if segments is None:
         state_pass(lay, x.h0, final, 0, fuse_output)
@@ -789,10 +843,11 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
             ws.seg_M, ws.seg_L, x.h0, ws.seg_init, final, segments.seg_offsets, HV=x.HV, K=x.K, V=x.V, BK=x.BK,
             BV=SCAN_BV, USE_H0=x.h0 is not None, STORE_HT=final is not None, IEEE=x.ieee, num_warps=8)
         state_pass(segments.layout, ws.seg_init, None, 0, fuse_output)
-    if not fuse_output and lay.NT:
-        _chunk_output_kernel[lambda meta: (lay.NT * x.HV * triton.cdiv(x.V, meta["BV"]),)](
-            x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, lay.chunk_indices, x.scale,
-            chunk_tier(lay.NT, x.HV), **shape)
+    blocks, block_indices, _ = lay.blocks(x.span)
+    if not fuse_output and blocks:
+        (output_kernel or _chunk_output_kernel)[lambda meta: (blocks * x.HV * triton.cdiv(x.V, meta["BV"]),)](
+            x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, block_indices, x.scale,
+            chunk_tier(lay.NT, x.HV), SPAN=x.span, **shape)
 
 
 def chunk_gdn(
@@ -855,7 +910,10 @@ def _config_str(kernel) -> str:
     return "not tuned yet" if cfg is None else config_label(cfg)
 
 
-def describe(state_kernel=None, *, fuse_output: bool = False) -> str:
+def describe(state_kernel=None, *, fuse_output: bool = False, output_kernel=None, output_span: int = 1) -> str:
     """The state (and output) pass configs of the latest launch, for a result row's path."""
     state = f"state[{_config_str(state_kernel or _chunk_state_kernel)}]"
-    return state + ("+output fused" if fuse_output else f", output[{_config_str(_chunk_output_kernel)}]")
+    if fuse_output:
+        return state + "+output fused"
+    per = "" if output_span == 1 else f" per {output_span} chunks"
+    return state + f", output{per}[{_config_str(output_kernel or _chunk_output_kernel)}]"

@@ -44,12 +44,13 @@ import triton.language as tl
 from torch import Tensor
 
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
-                    _chunk_program, _chunk_state_fn, _diag_scratch, _settings, _with_bv, chunk_tier,
+                    _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _diag_scratch, _settings,
+                    _with_bv, chunk_tier,
                     _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
                     _state_and_output, _state_prune, _v_block, _wu_store)
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "fuse_output_default", "describe"]
+__all__ = ["chunk_fused_gdn", "fuse_output_default", "output_span_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -107,6 +108,19 @@ PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1), (64, 4, 1, 168), (64, 4, 1, 128)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES)
 PREP_MIN_WIDTH = 64  # masked columns pad narrower V blocks and key tiles (see above)
 
+# The output pass over pairs of chunks (output_span 2): the state pass stores every other chunk's entering
+# state, halving h's bytes (K x V per chunk and head, as much as q, k, v and o of the chunk together at
+# K = V = 128 in bf16), both written and read; each program then takes a pair's three [64, 64] score
+# blocks one after the other. Forced against output_span 1 on an H100 (whole call, interleaved, us):
+# qwen3-next B=1 T=4096..65536 220.3 vs 225.9, 415.1 vs 423.7, 795.6 vs 815.3, 1542.9 vs 1593.5, 3021.8
+# vs 3158.8; slower on every parity case that runs the output pass (up to 2,048 chunk-heads, K <= 128),
+# by 1-20%. (A [128, 128] score tile at 8 warps, one program per SM, had been 0.98-1.02x on the former.)
+OUTPUT_SPAN2_MIN_CHUNK_HEADS = 2048  # NT * HV
+OUTPUT_SPAN2_MIN_K = 128
+OUTPUT_SPAN2_CANDIDATES = [(64, 4, 1), (32, 4, 1), (128, 4, 1), (64, 8, 1)]
+_output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES), key=["K", "V", "SPAN", "chunk_tier"],
+                                       prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
+
 
 def _prep_prune(configs, named_args, **kwargs):
     """_bv_prune, then no BV under PREP_MIN_WIDTH (triton runs the interpreter's one config unpruned)."""
@@ -145,6 +159,13 @@ def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
                                         or lay.max_len <= FUSE_OUTPUT_MAX_UNEQUAL_LEN)
 
 
+def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> int:
+    """Chunks per output-pass block by default: 2 for large problems at K >= 128 (where the output pass
+    runs at all, see OUTPUT_SPAN2_CANDIDATES), else 1; 1 with the chunk-parallel state pass."""
+    large = layout.NT * HV >= OUTPUT_SPAN2_MIN_CHUNK_HEADS and K >= OUTPUT_SPAN2_MIN_K
+    return 2 if large and segments is None else 1
+
+
 def chunk_fused_gdn(
     q: Tensor,
     k: Tensor,
@@ -166,18 +187,23 @@ def chunk_fused_gdn(
     workspace: ChunkWorkspace | None = None,
     fuse_output: bool | None = None,
     segments: SegmentLayout | None = None,
+    output_span: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
     fuse_output=..., segments=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
     None: ``fuse_output_default(layout, HV, K, segments)``. segments (``SegmentLayout.build``):
-    the chunk-parallel state pass instead of one walk over each sequence's chunks.
+    the chunk-parallel state pass instead of one walk over each sequence's chunks. output_span: chunks
+    per output-pass block, 1 or 2 (the state is stored once per block; a workspace allocated with the
+    same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
-    fuse = fuse_output_default(lay, v.shape[2], q.shape[3], segments) if fuse_output is None else fuse_output
+    HV, K = v.shape[2], q.shape[3]
+    fuse = fuse_output_default(lay, HV, K, segments) if fuse_output is None else fuse_output
+    span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
-               out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments)
+               out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span)
     ws = x.ws
     if lay.NT:
         _chunk_prep_kernel[(lay.NT * x.HV,)](
@@ -185,11 +211,17 @@ def chunk_fused_gdn(
             lay.chunk_indices, chunk_tier(lay.NT, x.HV), H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
             RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
-                      output_final_state=output_final_state, segments=segments)
+                      output_final_state=output_final_state, segments=segments, output_kernel=_output_kernel(span))
     return x.out, ws.final_state if output_final_state else None
 
 
-def describe(*, fuse_output: bool) -> str:
+def _output_kernel(span: int):
+    """The autotuned output pass for blocks of ``span`` chunks."""
+    return _output_span2_kernel if span == 2 else _chunk_output_kernel
+
+
+def describe(*, fuse_output: bool, output_span: int = 1) -> str:
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
-    return f"prep[{_config_str(_chunk_prep_kernel)}], " + _describe(_state_kernel if fuse_output else None,
-                                                                  fuse_output=fuse_output)
+    return f"prep[{_config_str(_chunk_prep_kernel)}], " + _describe(
+        _state_kernel if fuse_output else None, fuse_output=fuse_output, output_kernel=_output_kernel(output_span),
+        output_span=output_span)

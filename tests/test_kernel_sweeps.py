@@ -41,7 +41,7 @@ def test_every_forced_config_gives_the_same_outputs(kernel, configs, expect):
 
 def test_output_pass_variants_agree():
     (row,) = _sweep("fuse-output", "smoke", "-k", CASE)
-    assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 7, row
+    assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 8, row
 
 
 def test_segment_sizes_agree():

@@ -3,8 +3,8 @@
   configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve + W/U;
                ``state``: the state pass with the output fused in) alone, and time the whole calls
                interleaved;
-  fuse-output  time triton.chunk and triton.chunk_fused with the output pass and with it folded into
-               the state pass, interleaved (A B C A B C ...);
+  fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
+               over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
                several segment sizes, each with the output pass and with the output folded in.
 
@@ -92,8 +92,10 @@ def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names
 
 
 def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
-    _sweep_variants(suite, pattern, device, ["triton.chunk", "fused+output pass", "fused, output in state pass"],
-                    lambda p: [_prepare(p, fused=False), _prepare(p, fused=True, fuse_output=False),
+    _sweep_variants(suite, pattern, device, ["triton.chunk", "fused+output pass", "fused+output pass per 2 chunks",
+                                             "fused, output in state pass"],
+                    lambda p: [_prepare(p, fused=False), _prepare(p, fused=True, fuse_output=False, output_span=1),
+                               _prepare(p, fused=True, fuse_output=False, output_span=2),
                                _prepare(p, fused=True, fuse_output=True)])
 
 

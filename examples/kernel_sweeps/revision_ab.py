@@ -14,7 +14,8 @@ the working tree is faster) and each side's relative RMS error of the output and
 Both sides run in one process, so their ratio is free of the drift between machines and runs that
 separate ``gdnbench run`` invocations carry. The backends find their kernels by importing
 ``gdnbench_kernels`` when they prepare a problem, which this swaps for REV's package meanwhile: it reaches
-into the harness and is not part of it. On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's
+into the harness and is not part of it. Both sides run the working tree's backends, so a REV from before
+a kernel function they call was added stops with an error naming it. On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's
 interpreter: a correctness check of both sides, with wall-clock times that mean nothing.
 """
 
@@ -80,6 +81,9 @@ def _prepare_with(pkg: ModuleType, b: Backend, p: Problem) -> Prepared:
     sys.modules[PACKAGE] = pkg
     try:
         return b.prepare(p)
+    except AttributeError as e:  # the tree's backend calls a kernel function that REV does not have
+        raise SystemExit(f"revision_ab: {b.name} on {pkg.__name__}: {e}. Both sides run the working tree's "
+                         "backends, so REV must have the kernel functions they call.") from None
     finally:
         sys.modules[PACKAGE] = own
 

@@ -35,10 +35,11 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 
 def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
-             segment_chunks: int | None = None) -> Prepared:
+             segment_chunks: int | None = None, output_span: int | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
-    default rule (``chunk_fused.fuse_output_default``). The backends take the default; sweeps set it.
-    segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks."""
+    default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
+    segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks.
+    output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -50,15 +51,19 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     if fuse_output is None:
         fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K, segments)
     fuse_output = fused and fuse_output
+    if output_span is None:
+        output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
+    span = output_span if fused and not fuse_output else 1
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
-                                       final_state=case.output_final_state, segments=segments)
+                                       final_state=case.output_final_state, segments=segments, output_span=span)
     o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call
     kw: dict[str, Any] = dict(gating, scale=p.scale, initial_state=p.initial_state,
                               output_final_state=case.output_final_state, cu_seqlens=p.cu_seqlens, layout=layout,
                               qk_l2norm=p.qk_l2norm_in_kernel, out=o, workspace=ws)
     if fused:
         def call() -> None:
-            chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments)
+            chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments,
+                                        output_span=span)
 
         kernels = "gate+kkt+solve+wu in one" + (f", state pass over segments of {segment_chunks} chunks"
                                                  if segments else "")
@@ -72,7 +77,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
-    describe = (chunk_fused.describe(fuse_output=fuse_output) if fused
+    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span) if fused
                 else chunk.describe(fuse_output=False))
     notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
     if raw:
