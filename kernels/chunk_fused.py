@@ -13,10 +13,12 @@ Two or three launches instead of five:
   2. ``chunk``'s state pass, the same autotuned kernel and candidates (a list of its own, BV 16 and
      8 warps among them, made this pass 450 us at B=1 T=16384 HV=32 on an H100 against ``chunk``'s
      314 us).
-  3. ``chunk``'s output pass; or, for many sequences of about equal length at K = 128
-     (``fuse_output``, default: see FUSE_OUTPUT_MIN_HEADS), the outputs are computed inside the state
-     pass, which then has its own candidate list: one launch less and no h / v_new round trip,
-     paid for with Q K^T recomputed once per V-block and no parallelism over chunks.
+  3. ``chunk``'s output pass, over pairs of chunks for large problems at K >= 128 (``output_span``,
+     default: see OUTPUT_SPAN2_CANDIDATES; the state pass then stores every other chunk's state); or,
+     for many sequences of about equal length or short ones (``fuse_output``, default: see
+     FUSE_OUTPUT_MIN_HEADS), the outputs are computed inside the state pass, which then has its own
+     candidate list: one launch less and no h / v_new round trip, paid for with Q K^T recomputed
+     once per V-block and no parallelism over chunks.
 
 What each should buy on Hopper: (1) the sum of ``chunk``'s (a)-(c) minus the Ai write and read
 (2 x 64 x 2 bytes per token and head in bf16) and two launches; the old prep kernel (ten 16-row
