@@ -69,7 +69,7 @@ them, see tests/sm90.py; without that every tile load is scalar and the counts n
 136 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
 pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills; with the output fused in
 255 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
-saved launch); the output pass 182 at BV 64, 4 warps.
+saved launch); the output pass 141 at BV 64, 4 warps (215 over pairs of chunks, 166 at BV 32).
 Autotuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, ``chunk_tier``:
 a config tuned on a tiny case must not carry over to large ones) and triton's dtype key, at most five
 candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
