@@ -451,9 +451,10 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, 
                     SEGMENT: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr,
                     BV: tl.constexpr):
     # state_tier: only a key of the autotuner. h_offsets: each sequence's first h entry (its first chunk,
-    # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored). SEGMENT (the chunk-parallel pass, see SegmentLayout; each
-    # "sequence" is then a segment): 0 the plain pass; 1 from a zero state, only the final state (ht);
-    # 2 the transition M (ht, V = K): the state from the identity with U taken as 0.
+    # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored).
+    # SEGMENT (the chunk-parallel pass, see SegmentLayout; each "sequence" is then a segment): 0 the plain
+    # pass; 1 from a zero state, only the final state (ht); 2 the transition M (ht, V = K): the state from
+    # the identity with U taken as 0.
     # 1-D grid, a walk's V-blocks side by side: they read the same W and k tiles, which they then share in
     # L2 (with the V-block as a second grid axis, every walk's first block ran before any second one)
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -503,7 +504,8 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, 
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
 
 
-_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "state_tier"],
+_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS,
+                                      key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "state_tier"],
                                       prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 

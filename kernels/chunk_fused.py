@@ -46,10 +46,9 @@ import triton.language as tl
 from torch import Tensor
 
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
-                    _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _diag_scratch, _settings,
-                    _with_bv, chunk_tier,
-                    _chunk_state_kernel, _config_str, _configs, _gate_chunk, _kkt_inverse, _load_qk, _setup,
-                    _state_and_output, _state_prune, _v_block, _wu_store)
+                    _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
+                    _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _settings, _setup,
+                    _state_and_output, _state_prune, _v_block, _with_bv, _wu_store, chunk_tier)
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "fuse_output_default", "output_span_default", "describe"]
@@ -120,7 +119,8 @@ PREP_MIN_WIDTH = 64  # masked columns pad narrower V blocks and key tiles (see a
 OUTPUT_SPAN2_MIN_CHUNK_HEADS = 2048  # NT * HV
 OUTPUT_SPAN2_MIN_K = 128
 OUTPUT_SPAN2_CANDIDATES = [(64, 4, 1), (32, 4, 1), (128, 4, 1), (64, 8, 1)]
-_output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES), key=["K", "V", "SPAN", "chunk_tier"],
+_output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES),
+                                       key=["K", "V", "SPAN", "chunk_tier"],
                                        prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
 
 

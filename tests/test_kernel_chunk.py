@@ -125,9 +125,9 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                     if variant == "chunk":
                         o, final = chunk.chunk_gdn(**kw, layout=layout, out=out, workspace=ws)
                     else:
-                        o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws, fuse_output=fuse,
-                                                               segments=segments if variant == "cp" else None,
-                                                               output_span=span)
+                        o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws,
+                                                               fuse_output=fuse, output_span=span,
+                                                               segments=segments if variant == "cp" else None)
                 finally:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "h_offsets": layout.blocks(span)[2]}

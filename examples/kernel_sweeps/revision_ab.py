@@ -15,8 +15,9 @@ Both sides run in one process, so their ratio is free of the drift between machi
 separate ``gdnbench run`` invocations carry. The backends find their kernels by importing
 ``gdnbench_kernels`` when they prepare a problem, which this swaps for REV's package meanwhile: it reaches
 into the harness and is not part of it. Both sides run the working tree's backends, so a REV from before
-a kernel function they call was added stops with an error naming it. On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's
-interpreter: a correctness check of both sides, with wall-clock times that mean nothing.
+a kernel function they call was added stops with an error naming it. On a CPU (TRITON_INTERPRET=1,
+``--device cpu``) it runs in Triton's interpreter: a correctness check of both sides, with wall-clock times
+that mean nothing.
 """
 
 from __future__ import annotations
