@@ -99,20 +99,22 @@ with ab.kernels_at("HEAD") as (sha, old):
     calls = []
     real = old.chunk_fused.chunk_fused_gdn
     old.chunk_fused.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
-    ab._prepare_with(old, b, p).call()
+    old_b = ab.backend_at(old, b)
+    ab._prepare_with(old, old_b, p).call()
     seen_old = len(calls)
     ab._prepare_with(importlib.import_module("gdnbench_kernels"), b, p).call()
-    print(old.__name__, sha, seen_old, len(calls))
+    print(old.__name__, sha, seen_old, len(calls), old_b.prepare.__module__, old_b is not b)
 """
 
 
 @needs_git
-def test_revision_ab_prepares_each_side_on_its_own_package():
+def test_revision_ab_prepares_each_side_on_its_own_package_and_adapter():
     run = subprocess.run([sys.executable, "-c", SIDES], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    name, sha, seen_old, seen_after = run.stdout.split()
+    name, sha, seen_old, seen_after, adapter, own = run.stdout.split()
     assert name == f"gdnbench_kernels_at_{sha}" and seen_old == seen_after == "1"
+    assert adapter == f"{name}.adapter_triton_chunk" and own == "True"  # REV's adapter, not the tree's
 
 
 def test_revision_ab_names_a_bad_revision():

@@ -2,10 +2,11 @@
 
 The A/B behind BENCHMARKS.md's "each commit against its parent" tables, for whoever changes a kernel
 next. ``git show REV:kernels/*.py`` is written to a temporary package and imported under its own name
-next to ``gdnbench_kernels``; then, for every case of SUITE that matches -k and every bundled backend
-given with -b, the backend is prepared (and autotuned) twice, once on each package, checked against the
-suite's reference, and the two calls are timed interleaved (A B A B ...) with ``gdnbench run``'s timer
-(graph replay, L2 flushed). One row per (case, backend): both medians, REV's time over the tree's (> 1:
+next to ``gdnbench_kernels``, and so is REV's adapter module of each backend given with -b (the two change
+together: an adapter calls its kernels' functions); then, for every case of SUITE that matches -k and
+every such backend, the backend is prepared (and autotuned) twice, REV's adapter on REV's package and
+the tree's on the tree's, checked against the suite's reference, and the two calls are timed
+interleaved (A B A B ...) with ``gdnbench run``'s timer (graph replay, L2 flushed). One row per (case, backend): both medians, REV's time over the tree's (> 1:
 the working tree is faster) and each side's relative RMS error of the output and the state.
 
     python -m examples.kernel_sweeps.revision_ab parity --rev HEAD~1
@@ -14,10 +15,9 @@ the working tree is faster) and each side's relative RMS error of the output and
 Both sides run in one process, so their ratio is free of the drift between machines and runs that
 separate ``gdnbench run`` invocations carry. The backends find their kernels by importing
 ``gdnbench_kernels`` when they prepare a problem, which this swaps for REV's package meanwhile: it reaches
-into the harness and is not part of it. Both sides run the working tree's backends, so a REV from before
-a kernel function they call was added stops with an error naming it. On a CPU (TRITON_INTERPRET=1,
-``--device cpu``) it runs in Triton's interpreter: a correctness check of both sides, with wall-clock times
-that mean nothing.
+into the harness and is not part of it (REV's adapters run on the tree's harness). On a CPU
+(TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's interpreter: a correctness check of both sides,
+with wall-clock times that mean nothing.
 """
 
 from __future__ import annotations
@@ -76,15 +76,27 @@ def kernels_at(rev: str) -> Iterator[tuple[str, ModuleType]]:
             sys.path.remove(tmp)
 
 
+def backend_at(pkg: ModuleType, b: Backend) -> Backend:
+    """REV's version of the bundled backend b: its adapter module as of pkg's revision (``kernels_at``),
+    imported as a module of pkg (the ``@backend`` decorator registers nothing: the registry reads entry
+    points). b itself where that revision has no such module or function."""
+    module, attr = b.prepare.__module__, b.prepare.__name__
+    sha = pkg.__name__.rsplit("_", 1)[-1]
+    path = module.replace(".", "/") + ".py"
+    if path not in _git("ls-tree", "-r", "--name-only", sha, path).split():
+        return b
+    local = f"adapter_{module.rsplit('.', 1)[-1]}"
+    (Path(pkg.__path__[0]) / f"{local}.py").write_text(_git("show", f"{sha}:{path}"))
+    found = getattr(importlib.import_module(f"{pkg.__name__}.{local}"), attr, None)
+    return found if isinstance(found, Backend) else b
+
+
 def _prepare_with(pkg: ModuleType, b: Backend, p: Problem) -> Prepared:
     """b.prepare(p) with ``gdnbench_kernels`` standing for pkg (the calls keep the modules they bound)."""
     own = importlib.import_module(PACKAGE)
     sys.modules[PACKAGE] = pkg
     try:
         return b.prepare(p)
-    except AttributeError as e:  # the tree's backend calls a kernel function that REV does not have
-        raise SystemExit(f"revision_ab: {b.name} on {pkg.__name__}: {e}. Both sides run the working tree's "
-                         "backends, so REV must have the kernel functions they call.") from None
     finally:
         sys.modules[PACKAGE] = own
 
@@ -106,7 +118,7 @@ def compare(suite: str, pattern: str | None, rev: str, backends: list[str], devi
                     continue
                 p = make_problem(case, s.seed, device)
                 ref = reference_outputs(p, s.reference)
-                sides = [_prepare_with(old, b, p), _prepare_with(tree, b, p)]
+                sides = [_prepare_with(old, backend_at(old, b), p), _prepare_with(tree, b, p)]
                 errs = []
                 for prepared in sides:  # one call from the initial state each, checked as gdnbench run checks
                     if prepared.reset is not None:
