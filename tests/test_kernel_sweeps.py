@@ -99,7 +99,7 @@ with ab.kernels_at("HEAD") as (sha, old):
     calls = []
     real = old.chunk_fused.chunk_fused_gdn
     old.chunk_fused.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
-    old_b = ab.backend_at(old, b)
+    old_b = ab.backend_at(sha, old, b)
     ab._prepare_with(old, old_b, p).call()
     seen_old = len(calls)
     ab._prepare_with(importlib.import_module("gdnbench_kernels"), b, p).call()

@@ -76,12 +76,11 @@ def kernels_at(rev: str) -> Iterator[tuple[str, ModuleType]]:
             sys.path.remove(tmp)
 
 
-def backend_at(pkg: ModuleType, b: Backend) -> Backend:
-    """REV's version of the bundled backend b: its adapter module as of pkg's revision (``kernels_at``),
-    imported as a module of pkg (the ``@backend`` decorator registers nothing: the registry reads entry
-    points). b itself where that revision has no such module or function."""
+def backend_at(sha: str, pkg: ModuleType, b: Backend) -> Backend:
+    """REV's version of the bundled backend b: its adapter module at sha, imported as a module of pkg,
+    REV's kernel package (``kernels_at``; the ``@backend`` decorator registers nothing: the registry
+    reads entry points). b itself where that revision has no such module or function."""
     module, attr = b.prepare.__module__, b.prepare.__name__
-    sha = pkg.__name__.rsplit("_", 1)[-1]
     path = module.replace(".", "/") + ".py"
     if path not in _git("ls-tree", "-r", "--name-only", sha, path).split():
         return b
@@ -118,7 +117,7 @@ def compare(suite: str, pattern: str | None, rev: str, backends: list[str], devi
                     continue
                 p = make_problem(case, s.seed, device)
                 ref = reference_outputs(p, s.reference)
-                sides = [_prepare_with(old, backend_at(old, b), p), _prepare_with(tree, b, p)]
+                sides = [_prepare_with(old, backend_at(sha, old, b), p), _prepare_with(tree, b, p)]
                 errs = []
                 for prepared in sides:  # one call from the initial state each, checked as gdnbench run checks
                     if prepared.reset is not None:
