@@ -445,11 +445,11 @@ OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 
 
 @triton.jit
-def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, scale, state_tier,
+def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, scale, state_tier,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
-                    SEGMENT: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr,
-                    BV: tl.constexpr):
+                    SEGMENT: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
+                    IEEE: tl.constexpr, BV: tl.constexpr):
     # state_tier: only a key of the autotuner. h_offsets: each sequence's first h entry (its first chunk,
     # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored).
     # SEGMENT (the chunk-parallel pass, see SegmentLayout; each "sequence" is then a segment): 0 the plain
@@ -466,7 +466,7 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, 
     first_h = tl.load(h_offsets + i_n).to(tl.int64)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
-    dt = W.dtype.element_ty
+    dt = k.dtype.element_ty
 
     if USE_H0:
         b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
@@ -481,15 +481,21 @@ def _chunk_state_fn(q, k, W, U, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, 
         if not FUSE_OUTPUT and SEGMENT == 0:
             if i_t % SPAN == 0:
                 _store_tile(h + ((first_h + i_t // SPAN) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
-        b_w = _load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K)
-        if SEGMENT == 2:
-            b_v = -_dot(b_w, b_hd, IEEE)
-        else:  # v_new: what this chunk actually writes
-            b_v = _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32) \
-                - _dot(b_w, b_hd, IEEE)
-        b_vd = _cast(b_v, dt)
         b_k = _load_qk(base_k, rows, n_tok, H * K, K, BK, L2NORM)
         b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
+        # v_new, what this chunk actually writes: U - W S, or from (I + A)^-1 diag(beta) as
+        # Ai (V - exp(gc) o (K S)) (W and U never stored); the transition (SEGMENT 2) takes V as 0
+        if FROM_AI:
+            b_x = -_dot(b_k, b_hd, IEEE) * _exp(b_gc)[:, None]
+            if SEGMENT != 2:
+                b_x += _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
+            b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT)
+            b_v = _dot(b_ai, _cast(b_x, dt), IEEE)
+        else:
+            b_v = -_dot(_load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K), b_hd, IEEE)
+            if SEGMENT != 2:
+                b_v += _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
+        b_vd = _cast(b_v, dt)
         if FUSE_OUTPUT:
             b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
             b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, n_tok, scale, IEEE)
@@ -677,11 +683,13 @@ class ChunkWorkspace:
     """
 
     gc: Tensor  # [B*T, HV] fp32, chunk-local cumulative log decay
-    W: Tensor  # [B*T, HV, K] input dtype
-    U: Tensor  # [B*T, HV, V] input dtype
     A_diag: Tensor  # [NT, HV, C, 16] fp32 scratch of the solve: A's 16 x 16 diagonal blocks, transposed
+    # [B*T, HV, C] input dtype, each chunk's rows of (I + A)^-1 (multi-kernel) or of (I + A)^-1 diag(beta)
+    # (chunk_fused, whose state pass takes v_new from it and never stores W or U)
+    Ai: Tensor
+    W: Tensor | None  # [B*T, HV, K] input dtype (multi-kernel)
+    U: Tensor | None  # [B*T, HV, V] input dtype (multi-kernel)
     beta: Tensor | None  # [B*T, HV] fp32 sigmoid(b): raw gating in the multi-kernel pipeline
-    Ai: Tensor | None  # [B*T, HV, C] input dtype, rows of (I + A)^-1 (multi-kernel)
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
     h: Tensor | None  # [NT or NP, HV, K, V] input dtype, the state entering each output block (None likewise)
     final_state: Tensor | None  # [N, HV, K, V] fp32
@@ -695,7 +703,7 @@ class ChunkWorkspace:
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
                  fuse_output: bool, final_state: bool, segments: SegmentLayout | None = None,
                  output_span: int = 1) -> ChunkWorkspace:
-        """stages: the multi-kernel pipeline's Ai (and beta for raw gating) buffers too; segments: the
+        """stages: the multi-kernel pipeline's W and U (and beta for raw gating) buffers too; segments: the
         chunk-parallel state pass's; output_span: chunks per output block (h holds one state per block)."""
         B, T, _, K = q.shape
         HV, V = v.shape[2], v.shape[3]
@@ -705,10 +713,9 @@ class ChunkWorkspace:
             return torch.empty(*shape, dtype=dtype, device=dev)
 
         return cls(
-            gc=empty(BT, HV, dtype=torch.float32), W=empty(BT, HV, K), U=empty(BT, HV, V),
-            A_diag=empty(layout.NT, HV, CHUNK, 16, dtype=torch.float32),
+            gc=empty(BT, HV, dtype=torch.float32), A_diag=empty(layout.NT, HV, CHUNK, 16, dtype=torch.float32),
+            Ai=empty(BT, HV, CHUNK), W=empty(BT, HV, K) if stages else None, U=empty(BT, HV, V) if stages else None,
             beta=empty(BT, HV, dtype=torch.float32) if stages and raw_gate else None,
-            Ai=empty(BT, HV, CHUNK) if stages else None,
             v_new=None if fuse_output else empty(BT, HV, V),
             h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
@@ -766,6 +773,7 @@ class _Args:
     l2norm: bool
     ieee: bool
     span: int  # chunks per output block
+    stages: bool  # the multi-kernel pipeline (W and U stored), else chunk_fused's (Ai diag(beta) stored)
 
     @property
     def raw(self) -> bool:
@@ -799,11 +807,12 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
                                               fuse_output=fuse_output, final_state=output_final_state,
                                               segments=segments, output_span=output_span)
     seg = segments is not None
-    missing = [name for name, need in (("Ai", stages), ("beta", stages and a is not None),
+    missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
                                        ("final_state", output_final_state), ("seg_L", seg), ("seg_M", seg),
                                        ("seg_init", seg)) if need and getattr(ws, name) is None]
-    if missing or ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V) or ws.W.dtype != q.dtype or \
+    if missing or ws.Ai.shape != (B * T, HV, CHUNK) or ws.Ai.dtype != q.dtype or \
+            (stages and (ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V))) or \
             (not fuse_output and ws.h.shape[0] != lay.blocks(output_span)[0]):
         raise ValueError(f"workspace does not fit this call (missing {missing})" if missing
                          else "workspace was allocated for another problem size or dtype")
@@ -816,7 +825,8 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
                  b=flat(b), A_log=flat(A_log), dt_bias=flat(dt_bias),
                  h0=None if initial_state is None else initial_state.contiguous().float(),
                  out=out, ws=ws, lay=lay, scale=scale, H=H, HV=HV, K=K, V=V,
-                 BK=_tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32, span=output_span)
+                 BK=_tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32, span=output_span,
+                 stages=stages)
 
 
 def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool,
@@ -832,9 +842,9 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
                    fuse: bool = False) -> None:
         V = x.K if segment == 2 else x.V  # the transition's columns run over K
         state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
-            x.q, x.k, ws.W, ws.U, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.blocks(x.span)[2],
+            x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.blocks(x.span)[2],
             x.scale, state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
-            FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span, **{**shape, "V": V})
+            FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span, FROM_AI=not x.stages, **{**shape, "V": V})
 
     if segments is None:
         state_pass(lay, x.h0, final, 0, fuse_output)

@@ -45,10 +45,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _cast, _chunk_bounds,
+from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _chunk_bounds,
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _settings, _setup,
-                    _state_and_output, _state_prune, _v_block, _with_bv, _wu_store, chunk_tier)
+                    _state_and_output, _state_prune, _store_tile, _with_bv, chunk_tier)
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "fuse_output_default", "output_span_default", "describe"]
@@ -136,7 +136,7 @@ def _prep_prune(configs, named_args, **kwargs):
 @triton.autotune(configs=PREP_CONFIGS, key=["K", "V", "chunk_tier"],
                  prune_configs_by={"early_config_prune": _prep_prune})
 @triton.jit
-def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu_seqlens, chunk_indices, chunk_tier,
+def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seqlens, chunk_indices, chunk_tier,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                        BK: tl.constexpr, BV: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
                        IEEE: tl.constexpr):
@@ -145,10 +145,8 @@ def _chunk_prep_kernel(k, v, g, beta, a, b, A_log, dt_bias, gc, A_diag, W, U, cu
     rows = i_t * BT + tl.arange(0, BT)
     b_gc, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
-    b_v0 = _v_block(v, bos, rows, n_tok, i_h, HV, V, BV)  # in flight during the solve
     b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, IEEE)
-    _wu_store(_cast(b_ai, b_k.dtype), b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV,
-              IEEE)
+    _store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai * b_beta[None, :])
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
@@ -209,7 +207,7 @@ def chunk_fused_gdn(
     ws = x.ws
     if lay.NT:
         _chunk_prep_kernel[(lay.NT * x.HV,)](
-            x.k, x.v, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.W, ws.U, lay.cu_seqlens,
+            x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.Ai, lay.cu_seqlens,
             lay.chunk_indices, chunk_tier(lay.NT, x.HV), H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
             RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,

@@ -225,10 +225,12 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else lay.cu_seqlens
                     f32, dt, BT = torch.float32, q.dtype, B * T
                     ws = chunk.ChunkWorkspace(
-                        gc=guarded(shape=(BT, HV), dtype=f32), W=guarded(shape=(BT, HV, K), dtype=dt),
-                        U=guarded(shape=(BT, HV, V), dtype=dt), A_diag=guarded(shape=(lay.NT, HV, chunk.CHUNK, 16), dtype=f32),
+                        gc=guarded(shape=(BT, HV), dtype=f32),
+                        A_diag=guarded(shape=(lay.NT, HV, chunk.CHUNK, 16), dtype=f32),
+                        Ai=guarded(shape=(BT, HV, chunk.CHUNK), dtype=dt),
+                        W=guarded(shape=(BT, HV, K), dtype=dt) if stages else None,
+                        U=guarded(shape=(BT, HV, V), dtype=dt) if stages else None,
                         beta=guarded(shape=(BT, HV), dtype=f32) if stages and "a" in kw else None,
-                        Ai=guarded(shape=(BT, HV, chunk.CHUNK), dtype=dt) if stages else None,
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.blocks(span)[0], HV, K, V), dtype=dt),
                         final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
@@ -308,14 +310,19 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_kkt_solve_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
         ("chunk", "_chunk_wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
-                                          SPAN=2, L2NORM=False, IEEE=False, BV=32, q=None), 4),
+                                          SPAN=1, FROM_AI=False, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
+                                          Ai=None), 4),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
+                                          SPAN=2, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, W=None,
+                                          U=None), 4),
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=2,
-                                          SPAN=1, L2NORM=False, IEEE=False, BV=32, q=None, U=None, h=None, v_new=None,
-                                          o=None, h0=None), 4),
+                                          SPAN=1, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
+                                          W=None, U=None, h=None, v_new=None, o=None, h0=None), 4),
         ("chunk", "_segment_scan_kernel", dict(HV=4, K=D, V=D, BK=D, BV=32, USE_H0=True, STORE_HT=True,
                                                IEEE=False), 8),
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=0,
-                                          SPAN=1, L2NORM=True, IEEE=False, BV=16, h=None, v_new=None, h0=None), 4),
+                                          SPAN=1, FROM_AI=True, L2NORM=True, IEEE=False, BV=16, W=None, U=None,
+                                          h=None, v_new=None, h0=None), 4),
         ("chunk", "_chunk_output_kernel", dict(shape, SPAN=1, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_output_span2_kernel", dict(shape, SPAN=2, L2NORM=False, IEEE=False, BV=64), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=128, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
@@ -327,7 +334,7 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("index", range(11))
+@pytest.mark.parametrize("index", range(12))
 def test_kernel_compiles_for_sm90(D, index):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     from gdnbench_kernels import chunk
@@ -378,8 +385,10 @@ def test_kernel_matches_the_references(interpreted, name, variant):
         assert got["final"] is None
 
     B, T, HV = kw["v"].shape[:3]
-    flat = {"gc": ref.gc, "Ai": ref.A_inv, "W": ref.W, "U": ref.U, "v_new": ref.v_new}
-    expect = {"gc", "W", "U"} | ({"Ai"} if variant == "chunk" else set())
+    # chunk_fused stores (I + A)^-1 diag(beta) and never W or U
+    flat = {"gc": ref.gc, "Ai": ref.A_inv if variant == "chunk" else ref.A_inv_beta, "W": ref.W, "U": ref.U,
+            "v_new": ref.v_new}
+    expect = {"gc", "Ai"} | ({"W", "U"} if variant == "chunk" else set())
     if not (variant in ("fused", "cp") and case["fuse_output"]):
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
@@ -613,8 +622,8 @@ def test_a_workspace_must_fit_the_variant():
     lay = chunk.ChunkLayout.build(2, 100, None, CPU)
     fused_ws = chunk.ChunkWorkspace.allocate(lay, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
                                              final_state=True)
-    assert fused_ws.Ai is None and fused_ws.h is None and fused_ws.final_state.shape == (2, 2, 64, 64)
-    with pytest.raises(ValueError, match=r"missing \['Ai', 'h', 'v_new'\]"):
+    assert fused_ws.W is None and fused_ws.h is None and fused_ws.final_state.shape == (2, 2, 64, 64)
+    with pytest.raises(ValueError, match=r"missing \['W', 'U', 'h', 'v_new'\]"):
         chunk.chunk_gdn(**kw, layout=lay, workspace=fused_ws)
 
 
