@@ -296,32 +296,16 @@ def _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, valid, i_h, HV: tl
 
 
 @triton.jit
-def _u_block(b_ai, b_v, b_beta, U, bos, rows, n_tok, i_h, cols, HV: tl.constexpr, V: tl.constexpr,
-             IEEE: tl.constexpr):
-    """U[:, cols] = Ai (beta o V[:, cols]) of one chunk, from the loaded V block b_v."""
-    b_vb = _cast(b_v * b_beta[:, None], b_ai.dtype)
-    _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, b_vb, IEEE))
-
-
-@triton.jit
-def _wu_store(b_ai, b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV: tl.constexpr, K: tl.constexpr,
+def _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV: tl.constexpr, K: tl.constexpr,
               V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, IEEE: tl.constexpr):
     """W = Ai (beta exp(gc) o K) and U = Ai (beta o V) of one chunk (V in BV-column blocks), stored in
-    W's dtype; b_ai: (I + A)^-1 in the dot dtype. b_v0: V's first block (``_v_block``), loaded by the
-    caller before the inverse so that its latency hides behind the solve's serial chain."""
+    W's dtype; b_ai: (I + A)^-1 in the dot dtype."""
     b_kb = _cast(b_k * (b_beta * _exp(b_gc))[:, None], b_ai.dtype)
     _store_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, tl.arange(0, BK), K, _dot(b_ai, b_kb, IEEE))
-    _u_block(b_ai, b_v0, b_beta, U, bos, rows, n_tok, i_h, tl.arange(0, BV), HV, V, IEEE)
-    for i_v in range(1, tl.cdiv(V, BV)):
+    for i_v in range(tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
-        b_v = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V)
-        _u_block(b_ai, b_v, b_beta, U, bos, rows, n_tok, i_h, cols, HV, V, IEEE)
-
-
-@triton.jit
-def _v_block(v, bos, rows, n_tok, i_h, HV: tl.constexpr, V: tl.constexpr, BV: tl.constexpr):
-    """The first [C, BV] block of V of one chunk and value head (for ``_wu_store``)."""
-    return _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, tl.arange(0, BV), V)
+        b_vb = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V) * b_beta[:, None]
+        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, _cast(b_vb, b_ai.dtype), IEEE))
 
 
 @triton.jit
@@ -363,8 +347,7 @@ def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, cu_seqlens, chunk_indices,
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
     b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    b_v0 = _v_block(v, bos, rows, n_tok, i_h, HV, V, BV)
-    _wu_store(b_ai, b_k, b_gc, b_beta, b_v0, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
+    _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV, K, V, BK, BV, IEEE)
 
 
 # ---- (d) the state pass and (e) the output pass (both variants) ----------------------------------------
@@ -418,19 +401,22 @@ def _settings(c: triton.Config) -> tuple:
     return c.kwargs["BV"], c.num_warps, c.num_stages, c.maxnreg
 
 
-def _configs(candidates: list[tuple[int, ...]]) -> list[triton.Config]:
+def _configs(candidates: list[tuple[int, ...]], block: bool = True) -> list[triton.Config]:
     """(BV, num_warps, num_stages[, maxnreg]) candidates on a GPU (maxnreg: ptxas's register cap per
-    thread, more programs per SM for some spills); one config (BV 32, 4 warps) in the interpreter,
-    where autotune skips benchmarking and BV 32 still splits V = 60 / 64 into two blocks."""
+    thread, more programs per SM for some spills), without BV for a kernel with no block width (not
+    ``block``); one config (BV 32, 4 warps) in the interpreter, where autotune skips benchmarking and
+    BV 32 still splits V = 60 / 64 into two blocks."""
     if _INTERPRET_ENV:
-        return [triton.Config({"BV": 32}, num_warps=4, num_stages=1)]
-    return [config_from(c) for c in candidates]
+        return [triton.Config({"BV": 32} if block else {}, num_warps=4, num_stages=1)]
+    return [config_from(c, block) for c in candidates]
 
 
-def config_from(candidate: tuple[int, ...]) -> triton.Config:
-    """The triton config of one (BV, num_warps, num_stages[, maxnreg]) candidate, as it is."""
-    bv, warps, stages, *cap = candidate
-    return triton.Config({"BV": bv}, num_warps=warps, num_stages=stages, maxnreg=cap[0] if cap else None)
+def config_from(candidate: tuple[int, ...], block: bool = True) -> triton.Config:
+    """The triton config of one (BV, num_warps, num_stages[, maxnreg]) candidate, as it is; without BV
+    (num_warps, num_stages[, maxnreg]) when not ``block``."""
+    bv, (warps, stages, *cap) = (candidate[0], candidate[1:]) if block else (None, candidate)
+    return triton.Config({} if bv is None else {"BV": bv}, num_warps=warps, num_stages=stages,
+                         maxnreg=cap[0] if cap else None)
 
 
 # the parallelism tier (see state_tier) is a key; BV 16 for tiers 0 and 3 only (_state_prune_by_tier)
@@ -511,7 +497,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, cu_seqlens, h_of
 
 
 _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS,
-                                      key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "state_tier"],
+                                      key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "FROM_AI", "state_tier"],
                                       prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
 
 
@@ -912,8 +898,10 @@ def chunk_gdn(
 
 
 def config_label(cfg: triton.Config) -> str:
-    """A chunk kernel's config as result rows print it: "BV=64 w4 s1", " r128" added for a register cap."""
-    return f"BV={cfg.kwargs['BV']} w{cfg.num_warps} s{cfg.num_stages}" + (f" r{cfg.maxnreg}" if cfg.maxnreg else "")
+    """A chunk kernel's config as result rows print it: "BV=64 w4 s1" ("w4 s1" without a block width),
+    " r128" added for a register cap."""
+    bv = f"BV={cfg.kwargs['BV']} " if "BV" in cfg.kwargs else ""
+    return f"{bv}w{cfg.num_warps} s{cfg.num_stages}" + (f" r{cfg.maxnreg}" if cfg.maxnreg else "")
 
 
 def _config_str(kernel) -> str:

@@ -47,8 +47,8 @@ from torch import Tensor
 
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _chunk_bounds,
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
-                    _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _settings, _setup,
-                    _state_and_output, _state_prune, _store_tile, _with_bv, chunk_tier)
+                    _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _setup,
+                    _state_and_output, _state_prune, _store_tile, chunk_tier)
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "fuse_output_default", "output_span_default", "describe"]
@@ -90,24 +90,11 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
                                 prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
 
 
-# (BV of U's column blocks, warps, stages): see the module docstring. No W or U dot narrower than 64
-# columns (PREP_MIN_WIDTH): triton 3.6 builds this kernel, at 4 warps and 1 stage, with such a dot reading
-# past the program's shared memory (compute-sanitizer on an H100: "Invalid __shared__ read of size 1024
-# bytes" at _dot, BV 32 at V = 60 and 100; an illegal address at K = V = 16 in bf16); the autotuner had
-# picked BV 32 as the fastest, and under graph replay it returned NaN or hit an illegal address.
-# tests/test_kernel_chunk_gpu.py runs every candidate under graph replay, head dims 16 to 128.
-# Forced one by one on an H100 (whole call, graph timer, us), on
-# parity's B=16 T=512 D=64 / B=8 T=512 D=128 and B=1 T=16384 HV=32 D=128: (64, 4, 1) 79.5 / 70.4 / 986,
-# (128, 4, 1) 82.1 / 68.1 / 974; dropped: (64, 8, 2) 111.6 / 90.8 / 1321, 2 warps 90.8 / 72.3 / 1069.
-# The fourth number caps registers per thread (maxnreg), for 3 (168) or 4 (128) programs per SM instead
-# of 2, paid in spills: forced and interleaved on an H100 (same three cases, at 09b996c, when the kernel
-# held 195 registers at D = 64 and 255 at D = 128), (64, 4, 1) 79.5 / 71.1 / 953, capped at 168 75.8 /
-# 75.7 / 906, at 128 73.2 / 76.7 / 971: the cap wins at D = 64 and on the long sequences, and loses on
-# small D = 128 problems, so the autotuner chooses per size tier. (At D = 64 the kernel now fits 3
-# programs uncapped, where the 168 cap changes nothing; the autotuner still picked the 128 cap there.)
-PREP_CANDIDATES = [(64, 4, 1), (128, 4, 1), (64, 4, 1, 168), (64, 4, 1, 128)]
-PREP_CONFIGS = _configs(PREP_CANDIDATES)
-PREP_MIN_WIDTH = 64  # masked columns pad narrower V blocks and key tiles (see above)
+# (warps, stages[, register cap]); the prep kernel has no block width. Its inverse is latency bound, so
+# what counts is how many programs overlap on an SM: 4 warps at 128 registers (K = 128, ptxas for sm_90)
+# fit 4, 8 warps 2, a cap at 96 registers 5 (spilling), 2 warps run the dots without wgmma.
+PREP_CANDIDATES = [(4, 1), (8, 1), (4, 1, 96), (2, 1)]
+PREP_CONFIGS = _configs(PREP_CANDIDATES, block=False)
 
 # The output pass over pairs of chunks (output_span 2): the state pass stores every other chunk's entering
 # state, halving h's bytes (K x V per chunk and head, as much as q, k, v and o of the chunk together at
@@ -124,22 +111,11 @@ _output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES)
                                        prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
 
 
-def _prep_prune(configs, named_args, **kwargs):
-    """_bv_prune, then no BV under PREP_MIN_WIDTH (triton runs the interpreter's one config unpruned)."""
-    keep = {}
-    for c in _bv_prune(configs, named_args, **kwargs):
-        c = _with_bv(c, max(c.kwargs["BV"], PREP_MIN_WIDTH))
-        keep.setdefault(_settings(c), c)
-    return list(keep.values())
-
-
-@triton.autotune(configs=PREP_CONFIGS, key=["K", "V", "chunk_tier"],
-                 prune_configs_by={"early_config_prune": _prep_prune})
+@triton.autotune(configs=PREP_CONFIGS, key=["K", "chunk_tier"])
 @triton.jit
 def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seqlens, chunk_indices, chunk_tier,
-                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                       BK: tl.constexpr, BV: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
-                       IEEE: tl.constexpr):
+                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                       RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
     i_c, i_h, _ = _chunk_program(HV, 1)
     bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
@@ -208,8 +184,8 @@ def chunk_fused_gdn(
     if lay.NT:
         _chunk_prep_kernel[(lay.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.Ai, lay.cu_seqlens,
-            lay.chunk_indices, chunk_tier(lay.NT, x.HV), H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=max(x.BK, PREP_MIN_WIDTH),
-            RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
+            lay.chunk_indices, chunk_tier(lay.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, RAW_GATE=x.raw,
+            L2NORM=x.l2norm, IEEE=x.ieee)
     _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
                       output_final_state=output_final_state, segments=segments, output_kernel=_output_kernel(span))
     return x.out, ws.final_state if output_final_state else None

@@ -146,8 +146,9 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
 
 def guard_rounds(chunk, chunk_fused) -> int:
     """How many guarded runs per case and variant: one per block width (BV) of the kernel with the most;
-    the interpreter runs no warps or stages, so a candidate's BV is all that changes what it does."""
-    lists = (chunk_fused.PREP_CANDIDATES, chunk_fused.STATE_CANDIDATES, chunk.STATE_CANDIDATES, chunk.OUTPUT_CANDIDATES,
+    the interpreter runs no warps or stages, so a candidate's BV is all that changes what it does (the
+    prep kernel has no block width: its one config runs in every round)."""
+    lists = (chunk_fused.STATE_CANDIDATES, chunk.STATE_CANDIDATES, chunk.OUTPUT_CANDIDATES,
              chunk_fused.OUTPUT_SPAN2_CANDIDATES)
     return max(len({cand[0] for cand in c}) for c in lists)
 
@@ -177,8 +178,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
         margins = torch.cat([big[:GUARD], big[GUARD + n:]])
         return bool(torch.isnan(margins).all()) if big.dtype.is_floating_point else bool((margins == sentinel).all())
 
-    tuned = {"prep": (chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES),
-             "fused-state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
+    tuned = {"fused-state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
              "state": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES),
              "output": (chunk._chunk_output_kernel, chunk.OUTPUT_CANDIDATES),
              "output-pairs": (chunk_fused._output_span2_kernel, chunk_fused.OUTPUT_SPAN2_CANDIDATES)}
@@ -305,6 +305,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
     """(module, kernel, constexprs, num_warps) of every kernel, bf16, K = V = D, as the launchers use them."""
     shape = dict(H=2, HV=4, K=D, V=D, BT=64, BK=D)
+    prep_shape = dict(H=2, HV=4, K=D, BT=64, BK=D)
     return [
         ("chunk", "_chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
         ("chunk", "_chunk_kkt_solve_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
@@ -325,9 +326,9 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
                                           h=None, v_new=None, h0=None), 4),
         ("chunk", "_chunk_output_kernel", dict(shape, SPAN=1, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_output_span2_kernel", dict(shape, SPAN=2, L2NORM=False, IEEE=False, BV=64), 4),
-        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=128, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
+        ("chunk_fused", "_chunk_prep_kernel", dict(prep_shape, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
                                                    b=None, A_log=None, dt_bias=None), 4),
-        ("chunk_fused", "_chunk_prep_kernel", dict(shape, BV=64, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
+        ("chunk_fused", "_chunk_prep_kernel", dict(prep_shape, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
                                                    beta=None), 4),
     ]
 
@@ -446,7 +447,7 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     # few heads and K < 128: fuse_output_default keeps the parallel output pass
     assert not df[df.backend == "triton.chunk_fused"].path.str.contains("output fused").any()
     fused = df[(df.backend == "triton.chunk_fused") & (df.status != "SKIP")]
-    assert fused.path.str.contains("prep[BV=32 w4", regex=False).all()  # the interpreter's one prep config
+    assert fused.path.str.contains("prep[w4 s1]", regex=False).all()  # the interpreter's one prep config
 
 
 @pytest.mark.parametrize("B,T,seqs,HV,K,fused", [
@@ -583,7 +584,7 @@ def test_state_candidates_follow_the_parallelism_tier():
 def test_pruning_keeps_the_register_caps():
     """The prune functions rebuild each config for the head dim's block width: a register cap (maxnreg)
     must survive it, and a capped config must not be dropped as a duplicate of the uncapped one."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
@@ -591,11 +592,6 @@ def test_pruning_keeps_the_register_caps():
     def settings(configs):
         return sorted((c.kwargs["BV"], c.num_warps, c.num_stages, c.maxnreg or 0) for c in configs)
 
-    prep = chunk_fused._prep_prune(chunk_fused.PREP_CONFIGS, {"V": 128, "K": 128})
-    assert settings(prep) == sorted((*c[:3], c[3] if len(c) > 3 else 0) for c in chunk_fused.PREP_CANDIDATES)
-    # at V = 64, BV 128 masks down to BV 64, the same as the uncapped BV 64 config: three remain
-    assert settings(chunk_fused._prep_prune(chunk_fused.PREP_CONFIGS, {"V": 64, "K": 64})) == [
-        (64, 4, 1, 0), (64, 4, 1, 128), (64, 4, 1, 168)]
     # the output pass at V = 64: BV 128 configs mask down to BV 64, beside the capped (64, 4, 2)
     assert settings(chunk._bv_prune(chunk.OUTPUT_CONFIGS, {"V": 64})) == [
         (64, 4, 2, 0), (64, 4, 2, 128), (64, 4, 3, 0), (64, 8, 3, 0)]

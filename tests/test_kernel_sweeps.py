@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gdnbench_kernels.chunk import config_from, config_label
 from gdnbench_kernels.chunk_fused import PREP_CANDIDATES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +36,9 @@ def _sweep(*args: str, tool: str = "chunk_fused_sweep", rows: str = "prefill/") 
 def test_every_forced_config_gives_the_same_outputs(kernel, configs, expect):
     rows = _sweep("configs", "smoke", "-k", CASE, "--kernel", kernel, *configs)
     assert len(rows) == expect
-    assert all(f"{kernel}[BV=" in r for r in rows)
+    forced = [tuple(map(int, c.split(","))) for c in configs[1::2]] or PREP_CANDIDATES
+    labels = [f"{kernel}[{config_label(config_from(c, block=kernel == 'state'))}]" for c in forced]
+    assert [re.search(rf"{kernel}\[[^\]]*\]", r).group(0) for r in rows] == labels, rows
     assert all(float(re.search(r"diff (\S+)", r).group(1)) < 1e-6 for r in rows), rows
 
 
@@ -51,10 +54,14 @@ def test_segment_sizes_agree():
     assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 9, row
 
 
-def test_a_malformed_config_is_a_usage_error():
-    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", "configs", "smoke",
-                          "-c", "64,4"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and "expected BV,WARPS,STAGES" in run.stderr
+@pytest.mark.parametrize("args,message", [
+    (["-c", "64,4,1,1,1"], "expected [BV,]WARPS,STAGES"),
+    (["--kernel", "state", "-c", "4,1"], "--kernel state takes BV,WARPS,STAGES[,MAXNREG] configs, got 4,1"),
+])
+def test_a_malformed_config_is_a_usage_error(args, message):
+    run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", "configs", "smoke", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
 def test_every_forced_decode_config_gives_the_same_outputs():

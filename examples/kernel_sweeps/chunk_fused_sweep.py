@@ -1,8 +1,8 @@
 """The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
 
-  configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve + W/U;
-               ``state``: the state pass with the output fused in) alone, and time the whole calls
-               interleaved;
+  configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve, no
+               block width; ``state``: the state pass with the output fused in) alone, and time the
+               whole calls interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
@@ -18,7 +18,7 @@ This reaches into the kernels' internals (their autotuner objects) and is not pa
 
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=16,T=512,H=8,HV=8,K=64" --kernel prep
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=64,T=64" --kernel state -c 64,4,1 -c 32,8,2
-    python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "K=64" --kernel prep -c 64,4,1 -c 64,4,1,128
+    python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "K=64" --kernel prep -c 4,1 -c 4,1,96
     python -m examples.kernel_sweeps.chunk_fused_sweep fuse-output parity
     python -m examples.kernel_sweeps.chunk_fused_sweep segments qwen3-next -k prefill -s 16 -s 32 -s 64
 
@@ -49,7 +49,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
 
     kernel, shipped = ((chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES) if kernel_name == "prep"
                        else (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES))
-    forced = [[chunk.config_from(c)] for c in configs or shipped]
+    forced = [[chunk.config_from(c, block=kernel_name == "state")] for c in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
@@ -116,8 +116,9 @@ def main(argv: list[str] | None = None) -> None:
         add_case_arguments(cmd)
         if name == "configs":
             cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
-            cmd.add_argument("-c", "--config", type=int_tuple("BV,WARPS,STAGES[,MAXNREG]", "64,4,1", (3, 4)),
-                             action="append", help="BV,WARPS,STAGES[,MAXNREG] to force (repeatable; default: "
+            cmd.add_argument("-c", "--config", type=int_tuple("[BV,]WARPS,STAGES[,MAXNREG]", "64,4,1", (2, 3, 4)),
+                             action="append", help="a config to force, WARPS,STAGES[,MAXNREG] for prep and "
+                                                   "BV,WARPS,STAGES[,MAXNREG] for state (repeatable; default: "
                                                    "the shipped candidates; MAXNREG caps registers per thread)")
         if name == "segments":
             cmd.add_argument("-s", "--segment-chunks", type=int, action="append",
@@ -125,6 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.sweep == "configs":
+        lengths = (2, 3) if args.kernel == "prep" else (3, 4)
+        for c in args.config or []:
+            if len(c) not in lengths:
+                parser.error(f"--kernel {args.kernel} takes {'' if args.kernel == 'prep' else 'BV,'}"
+                             f"WARPS,STAGES[,MAXNREG] configs, got {','.join(map(str, c))}")
         sweep_configs(args.suite, args.filter, args.kernel, args.config, device)
     elif args.sweep == "fuse-output":
         sweep_fuse_output(args.suite, args.filter, device)
