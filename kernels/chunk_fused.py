@@ -69,7 +69,8 @@ __all__ = ["chunk_fused_gdn", "fuse_output_default", "output_span_default", "des
 #   unequal varlen, at a145fc7: longest 408 tokens (K = 128, 256 pairs) 81.0 vs 66.6 and 246 (K = 64, 512
 #       pairs) 41.1 vs 38.0; longest 514 (K = 128, 128 pairs) 61.3 vs 71.6, 700 (K = 64, 256) 48.9 vs 60.9,
 #       1097 (K = 64, 128) 51.0 vs 74.4;
-#   N*HV 6..16 (parity's small cases, any K): fused 10-70% slower;
+#   N*HV 6..16 (parity's small cases, any K): fused 10-70% slower, but for sequences of one chunk (at
+#       ec7c240+, B=1 T=63 HV=1 K=64: 16.4 vs 14.0);
 #   K = 128, long sequences (at 5f7a4e0, qwen3-next's heads unless given): B=4 T=8192 (N*HV 128) 1561.6 vs
 #       1202.8, B=2 T=8192 797.0 vs 702.4, B=2 T=32768 3093.9 vs 2702.3, B=3 T=8192 1265.1 vs 1196.4,
 #       B=8 T=8192 3115.9 vs 2693.7, B=4 T=16384 HV=16 1550.8 vs 1363.4; B=1 T=4096..65536 (N*HV 32)
@@ -130,10 +131,12 @@ def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seql
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
-    """Whether the output pass folds into the state pass by default: many sequences, of about equal
-    length or short (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
+    """Whether the output pass folds into the state pass by default: sequences of one chunk, or many
+    sequences of about equal length or short (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
     segments', so the rule applies to them."""
     lay = layout if segments is None else segments.layout
+    if lay.max_len <= CHUNK:  # one chunk a walk: nothing sequential to wait for, one launch fewer
+        return True
     min_heads = FUSE_OUTPUT_MIN_HEADS if K >= FUSE_OUTPUT_WIDE_K else FUSE_OUTPUT_MIN_HEADS_NARROW
     return lay.N * HV >= min_heads and (lay.max_len * lay.N <= FUSE_OUTPUT_MAX_IMBALANCE * lay.tokens
                                         or lay.max_len <= FUSE_OUTPUT_MAX_UNEQUAL_LEN)

@@ -460,6 +460,9 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     (1, 0, [100] * 15 + [600], 8, 128, False),  # the longest sequence would hold up the pass
     (1, 0, [100] * 15 + [500], 8, 128, True),  # unless it is short
     (1, 0, [100] * 16, 8, 128, True),
+    (1, 63, None, 1, 64, True),  # one chunk a sequence: no walk to wait for
+    (1, 0, [15, 64, 3], 1, 64, True),
+    (1, 65, None, 1, 64, False),
 ])
 def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, fused):
     from gdnbench_kernels import chunk, chunk_fused
