@@ -1,9 +1,9 @@
 """triton.chunk, triton.chunk_fused and triton.chunk_fused_cp: the bundled chunked-prefill Triton kernels.
 
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
-and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T,
-the triangular solve and W/U into one kernel and, for many sequences, the outputs into the state
-pass; ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
+and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T
+and the triangular solve into one kernel, takes W and U's products inside the state pass instead of
+storing them and, for many sequences, folds the outputs into the state pass too; ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
 All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
 cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
 which then neither allocates nor syncs. Runs on a CPU in Triton's interpreter.
@@ -65,8 +65,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
             chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments,
                                         output_span=span)
 
-        kernels = "gate+kkt+solve+wu in one" + (f", state pass over segments of {segment_chunks} chunks"
-                                                 if segments else "")
+        kernels = "gate+kkt+solve in one, W/U in the state pass" + (
+            f", state pass over segments of {segment_chunks} chunks" if segments else "")
         configs = chunk_fused.STATE_CONFIGS
     else:
         def call() -> None:
@@ -102,7 +102,8 @@ def triton_chunk(p: Problem) -> Prepared:
 
 @backend("triton.chunk_fused", requires=(FUSED_KERNEL,), **_ENVELOPE)
 def triton_chunk_fused(p: Problem) -> Prepared:
-    """Bundled Triton chunked prefill, gate+K K^T+solve+W/U fused (and the output pass for many sequences)."""
+    """Bundled Triton chunked prefill, gate+K K^T+solve fused, W/U in the state pass (and the output pass for
+    many sequences)."""
     return _prepare(p, fused=True)
 
 
