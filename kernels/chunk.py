@@ -26,9 +26,11 @@ against; ``chunk_fused`` removes the round trips):
                                stores the state entering every other chunk only, h [NP, HV, K, V], and
                                (e) runs per pair of chunks: half the h bytes written and read.
 
-(d) can also compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one
-launch and no h round trip instead of parallelism over chunks, which ``chunk_fused`` uses for short
-sequences. Both variants share (d) and (e) and every device function below. (d) can also run
+(d) can also take each chunk's writes from Ai diag(beta) and V, v_new = Ai diag(beta) (V - exp(gc) o (K S)),
+instead of from W and U (``FROM_AI``, chunk_fused's path: W and U are then never stored). (d) can also
+compute the outputs itself (``FUSE_OUTPUT``; then h and v_new are never stored): one launch and no h
+round trip instead of parallelism over chunks, which ``chunk_fused`` uses for short sequences. Both
+variants share (d) and (e) and every device function below. (d) can also run
 chunk-parallel (``SegmentLayout``, used by chunk_fused: the state of each segment of a sequence from
 zero and its transition, a scan over segments (``_segment_scan_kernel``), then (d) over all segments at
 once from their entering states), for a few long sequences. On an H100 it lost to the sequential pass
@@ -67,8 +69,8 @@ Hopper (sm_90) design choices and what they should buy:
 Register pressure (ptxas for sm_90, bf16, K = V = 128, pointers 16-byte aligned as the JIT specializes
 them, see tests/sm90.py; without that every tile load is scalar and the counts nearly double): (b)
 136 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
-pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills; with the output fused in
-255 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
+pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills (``FROM_AI``: 128 at BV 32);
+with the output fused in (and ``FROM_AI``) 234 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
 saved launch); the output pass 141 at BV 64, 4 warps (215 over pairs of chunks, 166 at BV 32).
 Autotuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, ``chunk_tier``:
 a config tuned on a tiny case must not carry over to large ones) and triton's dtype key, at most five

@@ -1,42 +1,43 @@
 """Chunked gated delta rule (prefill), Triton: the fused variant of ``chunk`` (same math, fewer trips).
 
-Two or three launches instead of five:
+Two or three launches instead of five, and W and U never stored:
 
   1. ``_chunk_prep_kernel``, per (chunk, value head): the gate (raw gating's -exp(A_log) *
      softplus(a + dt_bias) and sigmoid(b) included) and its chunk-local cumsum (``chunk._gate_chunk``),
      A = strictLower(diag(beta)(Gamma o K K^T)) and (I + A)^-1 (``chunk._kkt_inverse``: one 64 x 64
      dot, the diagonal 16 x 16 blocks by a 15-step substitution reading A's diagonal blocks back from
-     a small scratch, four 64 x 64 dots for the rest), then W and U (``chunk._wu_store``: two dots of
-     the inverse with the [64, K] and [64, BV] tiles). Stores gc (fp32), W and U (input dtype); the
-     inverse and beta stay in registers. This is ``chunk``'s stages (a)-(c) in one program: two
-     launches and the Ai (and raw gating's beta) round trips fewer.
-  2. ``chunk``'s state pass, the same autotuned kernel and candidates (a list of its own, BV 16 and
-     8 warps among them, made this pass 450 us at B=1 T=16384 HV=32 on an H100 against ``chunk``'s
-     314 us).
+     a small scratch, four 64 x 64 dots for the rest). Stores gc (fp32) and Ai = (I + A)^-1 diag(beta)
+     (input dtype, [64, 64] per chunk and head). This is ``chunk``'s stages (a) and (b) in one program.
+  2. ``chunk``'s state pass with ``FROM_AI``: each chunk's writes come from Ai and the inputs as
+     v_new = Ai (V - exp(gc) o (K S)) (= U - W S, since W = Ai diag(exp(gc)) K and U = Ai V), instead of
+     ``chunk``'s stage (c) storing W and U for the pass to read. Same autotuned kernel and candidates
+     (a list of its own, BV 16 and 8 warps among them, made this pass 450 us at B=1 T=16384 HV=32 on an
+     H100 against ``chunk``'s 314 us).
   3. ``chunk``'s output pass, over pairs of chunks for large problems at K >= 128 (``output_span``,
      default: see OUTPUT_SPAN2_CANDIDATES; the state pass then stores every other chunk's state); or,
-     for many sequences of about equal length or short ones (``fuse_output``, default: see
-     FUSE_OUTPUT_MIN_HEADS), the outputs are computed inside the state pass, which then has its own
-     candidate list: one launch less and no h / v_new round trip, paid for with Q K^T recomputed
-     once per V-block and no parallelism over chunks.
+     for sequences of one chunk and many sequences of about equal length or short ones
+     (``fuse_output``, default: see FUSE_OUTPUT_MIN_HEADS), the outputs are computed inside the state
+     pass, which then has its own candidate list: one launch less and no h / v_new round trip, paid for
+     with Q K^T recomputed once per V-block and no parallelism over chunks.
 
-What each should buy on Hopper: (1) the sum of ``chunk``'s (a)-(c) minus the Ai write and read
-(2 x 64 x 2 bytes per token and head in bf16) and two launches; the old prep kernel (ten 16-row
-K K^T dots, the block inverse extracting rows from register tiles, twelve 16 x 16 dots) took
-1415 us at T=16384, HV=32 against 750 us for ``chunk``'s four kernels, by the look of ``chunk``'s
-old solve (425 us) mostly in the inverse's serial chain; (3) another launch and the h write + read
-(2 x K x V bytes per chunk and head, as much as all inputs together at C = 64, K = V = 128 in bf16)
-on short sequences. For a few long sequences the state pass can run chunk-parallel instead
-(``segments``, ``chunk.SegmentLayout``: per-segment transitions combined by a scan; the backend
-triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next on an H100.
+What each should buy on Hopper: (1) ``chunk``'s (a) and (b) less a launch and the gc re-read. (2) Against
+storing W and U (the prep kernel then took V and two more dots, and held 212 registers at K = V = 128,
+two programs per SM): the prep kernel writes 64 values per token and head instead of K + V, reads no V,
+and fits four programs per SM; the state pass reads Ai ([64, 64]) instead of W ([64, K]) and V instead
+of U, and puts one more [64, 64] x [64, BV] dot on its serial chain per chunk. On an H100 (revision_ab,
+interleaved) that was 1.12-1.18x on qwen3-next B=1, 1.55x at B=4 T=8192, 1.05-1.21x on parity's D = 128
+rows, and 0.79-1.10x on its D = 64 rows (few walks of many chunks, where the longer chain shows).
+(3) another launch and the h write + read (2 x K x V bytes per chunk and head, as much as all inputs
+together at C = 64, K = V = 128 in bf16) on short sequences. For a few long sequences the state pass
+can run chunk-parallel instead (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined
+by a scan; the backend triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next
+on an H100 (measured when W and U were stored).
 
-The prep kernel runs 4-warp programs, two per SM at K = 128 and three at K = 64 (more with a
-register cap, a candidate the autotuner takes at D = 64 and on long sequences), whose latency-bound
-inverses overlap (an 8-warp program per SM was 1.05-1.4x slower in every case measured, see
-PREP_CANDIDATES). Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.9's
-ptxas), no spills, 4 warps, BV 64, 1 stage: 212 at K = V = 128 (244 with raw gating and the in-kernel
-L2 norm), 150 at K = V = 64. Shared code (device functions, the state and output kernels, validation,
-the layout and workspace) lives in ``chunk``.
+Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.6's ptxas), no spills,
+4 warps, 1 stage: the prep kernel 127 at K = 128 (128 with raw gating and the in-kernel L2 norm), 125 at
+K = 64 (149), so four programs per SM overlap their latency-bound inverses (see PREP_CANDIDATES).
+Shared code (device functions, the state and output kernels, validation, the layout and workspace)
+lives in ``chunk``.
 """
 
 from __future__ import annotations
