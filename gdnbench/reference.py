@@ -286,7 +286,7 @@ class ChunkIntermediates:
 
     gc: Tensor  # [B, T, HV] chunk-local cumulative log decay
     A_inv: Tensor  # [B, T, HV, C] each token's row of its chunk's (I + A)^-1
-    A_inv_beta: Tensor  # [B, T, HV, C] the same of (I + A)^-1 diag(beta): v_new = A_inv_beta (V - exp(gc) o (K S))
+    A_inv_beta: Tensor  # [B, T, HV, C] the same of (I + A)^-1 diag(beta): v_new = it (V - exp(gc) o (K S))
     W: Tensor  # [B, T, HV, K] (I + A)^-1 diag(beta) (exp(gc) o K)
     U: Tensor  # [B, T, HV, V] (I + A)^-1 diag(beta) V
     v_new: Tensor  # [B, T, HV, V] U - W S: the writes each token actually makes
@@ -358,7 +358,8 @@ def chunk_intermediates(
         return p.unpad_output(x.reshape(N, HV, NC * C, x.shape[-1])[:, :, :Tp])
 
     return ChunkIntermediates(gc=tokens(gc[..., None])[..., 0], A_inv=tokens(A_inv),
-                              A_inv_beta=tokens(A_inv * Bt[..., None, :]), W=tokens(W), U=tokens(U), v_new=tokens(v_new), h=h, o=tokens(o), final_state=S)
+                              A_inv_beta=tokens(A_inv * Bt[..., None, :]), W=tokens(W), U=tokens(U),
+                              v_new=tokens(v_new), h=h, o=tokens(o), final_state=S)
 
 
 def gdn_chunk(

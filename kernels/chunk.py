@@ -70,8 +70,9 @@ Register pressure (ptxas for sm_90, bf16, K = V = 128, pointers 16-byte aligned 
 them, see tests/sm90.py; without that every tile load is scalar and the counts nearly double): (b)
 136 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
 pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills (``FROM_AI``: 128 at BV 32);
-with the output fused in (and ``FROM_AI``) 234 at BV 16, 4 warps, and a few spilled bytes at 8 warps (the autotuner weighs that against the
-saved launch); the output pass 141 at BV 64, 4 warps (215 over pairs of chunks, 166 at BV 32).
+with the output fused in (and ``FROM_AI``) 234 at BV 16, 4 warps, and a few spilled bytes at 8 warps
+(the autotuner weighs that against the saved launch); the output pass 141 at BV 64, 4 warps (215 over
+pairs of chunks, 166 at BV 32).
 Autotuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, ``chunk_tier``:
 a config tuned on a tiny case must not carry over to large ones) and triton's dtype key, at most five
 candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
@@ -307,7 +308,8 @@ def _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV: tl.co
     for i_v in range(tl.cdiv(V, BV)):
         cols = i_v * BV + tl.arange(0, BV)
         b_vb = _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V) * b_beta[:, None]
-        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, _dot(b_ai, _cast(b_vb, b_ai.dtype), IEEE))
+        b_u = _dot(b_ai, _cast(b_vb, b_ai.dtype), IEEE)
+        _store_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols, V, b_u)
 
 
 @triton.jit
@@ -830,9 +832,10 @@ def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final
                    fuse: bool = False) -> None:
         V = x.K if segment == 2 else x.V  # the transition's columns run over K
         state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
-            x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens, over.blocks(x.span)[2],
-            x.scale, state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None, STORE_HT=ht is not None,
-            FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span, FROM_AI=not x.stages, **{**shape, "V": V})
+            x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens,
+            over.blocks(x.span)[2], x.scale, state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None,
+            STORE_HT=ht is not None, FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span, FROM_AI=not x.stages,
+            **{**shape, "V": V})
 
     if segments is None:
         state_pass(lay, x.h0, final, 0, fuse_output)

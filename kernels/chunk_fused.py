@@ -96,9 +96,9 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
 # what counts is how many programs overlap on an SM: 4 warps at 128 registers (K = 128, ptxas for sm_90)
 # fit 4, a cap at 96 registers 5 (spilling). Forced one by one on an H100 (whole call, graph timer, us),
 # qwen3-next B=1 T=16384 / B=4 T=8192, parity B=16 T=512 D=64 / varlen N=32 T=8192 D=64 / N=32 T=4096
-# D=128: (4, 1, 96) 711.5 / 811.2 / 57.1 / 49.3 / 52.5, (4, 1) 56.5 / 52.1 on the last two (the others
-# not recorded); dropped: 8 warps (2 programs) 810.4 / 1005.0 / 68.4 / 57.5 / 57.4, 2 warps (the dots
-# without wgmma) 728.0 / 841.8 / 59.3 / 53.6 / 53.5.
+# D=128: (4, 1) 712.6 / 816.1 / 56.5 / 50.6 / 52.1, (4, 1, 96) 713.5 / 820.0 / 57.1 / 48.5 / 52.5; dropped:
+# 8 warps (2 programs) 810.4 / 1005.0 / 68.4 / 57.5 / 57.4, 2 warps (the dots without wgmma) 728.0 / 841.8 /
+# 59.3 / 53.6 / 53.5.
 PREP_CANDIDATES = [(4, 1), (4, 1, 96)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES, block=False)
 

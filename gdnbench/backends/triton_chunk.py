@@ -3,7 +3,8 @@
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T
 and the triangular solve into one kernel, takes W and U's products inside the state pass instead of
-storing them and, for many sequences, folds the outputs into the state pass too; ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
+storing them and, for many sequences, folds the outputs into the state pass too;
+``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
 All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
 cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
 which then neither allocates nor syncs. Runs on a CPU in Triton's interpreter.
