@@ -1,7 +1,8 @@
 """A run directory on disk: results.csv (tidy rows), samples.jsonl (raw samples), run.json (provenance).
 
 Rows are written as each case finishes, atomically, so an interrupt or a crash loses nothing that
-was already measured; run.json says whether the run completed.
+was already measured; run.json says whether the run completed, and an unfinished run can be reopened
+to go on (``RunDir.resume``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ CASE_COLUMNS = [
 ]
 COLUMNS = ROW_COLUMNS + CASE_COLUMNS
 STATUSES = ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")
+NOT_RUN = "not run: "  # how the error of an ERROR row for a case that was never started begins
 
 
 class RunDir:
@@ -43,6 +45,24 @@ class RunDir:
         self.rows: list[dict[str, Any]] = []
         for name in ("results.csv", "samples.jsonl"):
             (path / name).unlink(missing_ok=True)
+
+    @classmethod
+    def resume(cls, path: Path, backends: list[str]) -> tuple[RunDir, set[str]]:
+        """The unfinished run in ``path`` reopened to go on: each case with a row for every one of
+        ``backends`` is kept (its rows as written, its samples), any other case's rows are dropped, so
+        that a case is run again whole and its rows and speedups always come from one session.
+        Returns the run and the ids of the cases kept. A case that was never started (after a lost GPU
+        context) has rows but is not kept."""
+        with open(path / "results.csv", newline="") as f:
+            rows = [r for r in csv.DictReader(f) if not (r.get("error") or "").startswith(NOT_RUN)]
+        have: dict[str, set[str]] = {}
+        for r in rows:
+            have.setdefault(r["case_id"], set()).add(r["backend"])
+        done = {case for case, names in have.items() if names >= set(backends)}
+        samples = [s for s in load_samples(path) if s["case_id"] in done]
+        run = cls(path)
+        run.add_case([r for r in rows if r["case_id"] in done], samples)
+        return run, done
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         _atomic_write(self.path / "run.json", json.dumps({"schema": SCHEMA_VERSION, **meta}, indent=2,

@@ -26,6 +26,7 @@ from gdnbench.backends import Backend, Prepared
 from gdnbench.check import check, reference_outputs
 from gdnbench.interrupts import reraise_interrupt
 from gdnbench.problem import Problem, make_problem
+from gdnbench.results import NOT_RUN
 from gdnbench.suite import Case, Suite
 from gdnbench.timing import Measurement, TimingConfig, measure_interleaved
 
@@ -251,7 +252,7 @@ def not_run_rows(case: Case, backends: Sequence[Backend], suite: Suite, device: 
                  reason: str) -> list[dict]:
     """ERROR rows for a case that was never started."""
     base = _row_base(case, suite, device)
-    return [{**base, "backend": b.name, "status": "ERROR", "error": f"not run: {reason}"} for b in backends]
+    return [{**base, "backend": b.name, "status": "ERROR", "error": NOT_RUN + reason} for b in backends]
 
 
 def _row_base(case: Case, suite: Suite, device: torch.device) -> dict[str, Any]:

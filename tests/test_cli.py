@@ -103,6 +103,13 @@ def test_a_lost_gpu_context_stops_the_run_and_says_why(tmp_path, monkeypatch):
     assert "fake.raises: RuntimeError: boom" in reason
     meta = json.loads((tmp_path / "out" / "run.json").read_text())
     assert meta["status"] == "device lost" and meta["device_lost"] in reason
+    # --resume (in a fresh process, the device fine again) runs the cases that were never started
+    monkeypatch.setattr(runner_mod, "device_lost", lambda _dev: None)
+    res = run(suite, "--out", tmp_path / "out", "--resume")
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert len(df) == 2 * len(CASES) and not df.error.str.startswith("not run").any(), res.output
+    again = df[df.case_id == rest.case_id.iloc[0]].set_index("backend")
+    assert again.status.to_dict() == {"torch.recurrent": "PASS", "fake.raises": "ERROR"}
 
 
 def test_timeout_becomes_a_row(tmp_path):
@@ -133,6 +140,55 @@ def test_interrupt_keeps_finished_cases(tmp_path, monkeypatch, chained):
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(df) == 1 and df["status"].iloc[0] == "PASS"
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_resume_goes_on_with_an_interrupted_run(tmp_path, monkeypatch):
+    """--resume keeps the finished case as it was written, runs the others, and records both sessions."""
+    Interrupt.calls = 0
+    suite = write_suite(tmp_path, ["tests.fake_backends:interrupt", "torch.recurrent"])
+    out = tmp_path / "out"
+    assert run(suite, "--out", out).exit_code == 130
+    first = pd.read_csv(out / "results.csv")
+    assert len(first) == 2 and first.case_id.nunique() == 1  # the interrupted case left no rows
+    written = (out / "results.csv").read_text().splitlines()
+    monkeypatch.setattr(Interrupt, "calls", -100)  # the user's Ctrl-C does not come again
+    res = run(suite, "--out", out, "--resume")
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 2 * len(CASES) and (df.status == "PASS").all()
+    assert (out / "results.csv").read_text().splitlines()[:3] == written  # the header and the kept rows
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["cases_from_earlier_sessions"] == [first.case_id[0]]
+    assert [m["status"] for m in meta["earlier_sessions"]] == ["interrupted"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sorted((s["case_id"], s["backend"]) for s in samples) == sorted(zip(df.case_id, df.backend))
+    assert "2 cases (1 kept from the earlier session(s))" in res.output
+    res = run(suite, "--out", out, "--resume")
+    assert res.exit_code == 2 and "is complete; nothing to go on with" in " ".join(res.output.split())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--backends", "torch.recurrent"], "backends is ['tests.fake_backends:interrupt', 'torch.recurrent'], "
+                                        "this command's is ['torch.recurrent']"),
+    (["--seed", "7"], "seed is 0, this command's is 7"),
+    (["--filter", "decode"], "suite.filter is None, this command's is 'decode'"),
+])
+def test_resume_refuses_another_selection(tmp_path, args, message):
+    Interrupt.calls = 0
+    suite = write_suite(tmp_path, ["tests.fake_backends:interrupt", "torch.recurrent"])
+    out = tmp_path / "out"
+    assert run(suite, "--out", out).exit_code == 130
+    res = run(suite, "--out", out, "--resume", *args)
+    assert res.exit_code == 2 and message in " ".join(res.output.split()), res.output
+    assert len(pd.read_csv(out / "results.csv")) == 2  # untouched
+
+
+def test_resume_needs_an_earlier_run(tmp_path):
+    suite = write_suite(tmp_path, ["torch.recurrent"])
+    res = run(suite, "--resume")
+    assert res.exit_code == 2 and "--resume needs --out DIR" in res.output
+    res = run(suite, "--resume", "--out", tmp_path / "nothing")
+    assert res.exit_code == 2 and "no results.csv there" in " ".join(res.output.split())
 
 
 def test_filter_backends_baseline_and_dump(tmp_path):

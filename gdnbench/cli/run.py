@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.report import render
-from gdnbench.results import RunDir, load_run
+from gdnbench.results import RunDir, RunFilesError, load_run
 from gdnbench.runner import RunOptions, run_case
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
 
@@ -58,11 +58,15 @@ def run(
         None, "--interleave/--no-interleave",
         help="Time each case's backends in alternation (A B A B ...) so clock and thermal drift cancel "
              "in their ratio. Default: on when exactly two backends run with a baseline (an A/B run)."),
+    resume: bool = typer.Option(
+        False, help="Go on with the unfinished run in --out: the same command again runs only the cases "
+                    "it has no complete set of rows for (a case is never split between sessions); "
+                    "run.json lists the earlier sessions."),
 ) -> None:
     """Run SUITE: every case on every backend, checked against the reference, then timed.
 
     Exit code: 0 all checked rows pass, 1 a row FAILs (or with --strict errors), 2 bad input,
-    130 interrupted (rows measured so far are saved).
+    130 interrupted (rows measured so far are saved; --resume goes on from them).
     """
     sel = select(suite_spec, backends, filter_)
     suite, names, chosen, cases = sel.suite, sel.names, sel.backends, sel.cases
@@ -86,32 +90,45 @@ def run(
                           min_samples=t.min_samples, max_samples=t.max_samples, min_time_s=t.min_time_s,
                           max_time_s=t.max_time_s, rel_ci=t.rel_ci)
 
+    seed = seed if seed is not None else suite.seed
+    if interleave is None:
+        interleave = len(chosen) == 2 and bool(base)
+    earlier = _earlier_run(out, {"suite.sha256": suite.sha256, "suite.filter": filter_,
+                                 "backends": names, "seed": seed, "timing": config.__dict__,
+                                 "interleave": interleave}) if resume else None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = RunDir(out or Path("results") / f"{suite.name}-{stamp}")
+    done: set[str] = set()
+    if earlier is None:
+        run_dir = RunDir(out or Path("results") / f"{suite.name}-{stamp}")
+    else:
+        run_dir, done = RunDir.resume(out, [b.name for b in chosen])
     ceilings = measure_ceilings(dev)
     meta = provenance.collect(
         dev, argv=["gdnbench", *sys.argv[1:]],
         suite={"name": suite.name, "path": suite.path, "sha256": suite.sha256, "cases": len(cases),
                "filter": filter_},
         backend_versions={b.name: b.version() for b in chosen})
-    meta.update(seed=seed if seed is not None else suite.seed, backends=names, baseline=base,
-                timing=config.__dict__, reference=suite.reference.model_dump(),
-                tolerances=suite.tolerances.model_dump(), ceilings=ceilings, status="running")
+    meta.update(seed=seed, backends=names, baseline=base, timing=config.__dict__,
+                reference=suite.reference.model_dump(), tolerances=suite.tolerances.model_dump(),
+                ceilings=ceilings, interleave=interleave, status="running")
+    if earlier is not None:
+        # each earlier session's own provenance, and which cases' rows it measured
+        meta.update(earlier_sessions=[*earlier.pop("earlier_sessions", []), earlier],
+                    cases_from_earlier_sessions=[c.id for c in cases if c.id in done])
     run_dir.write_meta(meta)
-    if interleave is None:
-        interleave = len(chosen) == 2 and bool(base)
-    meta["interleave"] = interleave
     opts = RunOptions(device=dev, timing=config, baseline=base, seed=meta["seed"], dump_dir=dump,
                       ceilings=ceilings, interleave=interleave)
 
-    err_console.print(f"[bold]{suite.name}[/bold]: {len(cases)} cases x {len(chosen)} backends on "
+    todo = [c for c in cases if c.id not in done]
+    kept = f" ({len(cases) - len(todo)} kept from the earlier session(s))" if earlier is not None else ""
+    err_console.print(f"[bold]{suite.name}[/bold]: {len(todo)} cases{kept} x {len(chosen)} backends on "
                       f"{meta['device']['name']} ({config.timer} timer, L2 {config.l2}) -> {run_dir.path}")
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
-    task = progress.add_task("starting", total=len(cases) * len(chosen))
+    task = progress.add_task("starting", total=len(todo) * len(chosen))
     try:
         with progress:
-            for case in cases:
+            for case in todo:
                 def step(desc: str) -> None:
                     progress.update(task, description=desc[:90])
 
@@ -123,7 +140,7 @@ def run(
                     culprit = next((f"{r['backend']}: {r['error']}" for r in rows if r.get("status") == "ERROR"), lost)
                     reason = f"the GPU context was lost during case {case.id} ({culprit}); rerun without that backend"
                     err_console.print(reason, style="bold red", markup=False, highlight=False)
-                    for rest in cases[cases.index(case) + 1:]:
+                    for rest in todo[todo.index(case) + 1:]:
                         run_dir.add_case(runner.not_run_rows(rest, chosen, suite, dev, reason), [])
                     meta.update(status="device lost", device_lost=reason)
                     break
@@ -147,3 +164,26 @@ def run(
     failing = {"FAIL", "NAN"} | ({"ERROR", "OOM", "TIMEOUT"} if strict else set())
     broken = meta["status"] == "device lost" or df["status"].isin(failing).any()
     raise typer.Exit(EXIT_FAIL if broken else EXIT_OK)
+
+
+def _earlier_run(out: Path | None, expect: dict[str, object]) -> dict:
+    """run.json of the unfinished run that --resume goes on with; exit 2 unless this command would have
+    run the same cases the same way (``expect``: dotted run.json fields and the values they must have)."""
+    if out is None:
+        die("--resume needs --out DIR: the run to go on with")
+    try:
+        _, meta = load_run(out)
+    except RunFilesError as e:
+        die(f"--resume: {e}")
+    if not meta:
+        die(f"--resume: {out} has no run.json")
+    if meta.get("status") == "complete":
+        die(f"--resume: the run in {out} is complete; nothing to go on with")
+    for field, want in expect.items():
+        have: object = meta
+        for key in field.split("."):
+            have = have.get(key) if isinstance(have, dict) else None
+        if have != want:
+            die(f"--resume: {out}/run.json: {field} is {have!r}, this command's is {want!r}; a run goes on "
+                f"with the same suite, filter, backends, seed and timing")
+    return meta
