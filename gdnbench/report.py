@@ -134,3 +134,9 @@ def render(df: pd.DataFrame, meta: dict[str, Any], console: Console) -> None:
         console.print(extra)
     state = meta.get("status")
     console.print(status_line(df) + (f"   run {state}" if state and state != "complete" else ""))
+    earlier = meta.get("earlier_sessions")
+    if earlier:
+        sessions = "; ".join(f"{m.get('created_utc', '?')} on {m.get('device', {}).get('name', '?')}, "
+                             f"git {str(m.get('git', {}).get('sha'))[:7]}" for m in earlier)
+        console.print(f"resumed: {len(meta.get('cases_from_earlier_sessions', []))} case(s) measured in "
+                      f"{len(earlier)} earlier session(s) ({sessions})", markup=False, highlight=False)

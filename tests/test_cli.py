@@ -163,6 +163,7 @@ def test_resume_goes_on_with_an_interrupted_run(tmp_path, monkeypatch):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert sorted((s["case_id"], s["backend"]) for s in samples) == sorted(zip(df.case_id, df.backend))
     assert "2 cases (1 kept from the earlier session(s))" in res.output
+    assert "resumed: 1 case(s) measured in 1 earlier session(s)" in " ".join(res.output.split())
     res = run(suite, "--out", out, "--resume")
     assert res.exit_code == 2 and "is complete; nothing to go on with" in " ".join(res.output.split())
 
