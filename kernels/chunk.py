@@ -609,12 +609,18 @@ class ChunkLayout:
             if B != 1 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
                 raise ValueError("varlen needs B == 1 and cu_seqlens [N + 1]")
             bounds = cu_seqlens.tolist()  # the one host sync: layouts are built before timing
-        lens = [e - s for s, e in zip(bounds, bounds[1:])]
-        if bounds[0] != 0 or bounds[-1] != B * T or min(lens) < 0:
+        if bounds[0] != 0 or bounds[-1] != B * T or any(e < s for s, e in zip(bounds, bounds[1:])):
             raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {bounds}")
+        return cls.from_bounds(bounds, B * T, device)
 
-        def blocks(tokens: int) -> tuple[int, Tensor, Tensor]:
-            counts = [triton.cdiv(n, tokens) for n in lens]
+    @classmethod
+    def from_bounds(cls, bounds: list[int], tokens: int, device: torch.device | str) -> ChunkLayout:
+        """The layout of the sequences [bounds[i], bounds[i + 1]) of token-indexed buffers of ``tokens``
+        rows (``build`` checks that they cover a batch; a pipeline group covers part of one)."""
+        lens = [e - s for s, e in zip(bounds, bounds[1:])]
+
+        def blocks(size: int) -> tuple[int, Tensor, Tensor]:
+            counts = [triton.cdiv(n, size) for n in lens]
             offsets = [0]
             for c in counts:
                 offsets.append(offsets[-1] + c)
@@ -623,7 +629,7 @@ class ChunkLayout:
                     torch.tensor(offsets, dtype=torch.int32, device=device))
 
         (NT, chunk_indices, chunk_offsets), (NP, pair_indices, pair_offsets) = blocks(CHUNK), blocks(2 * CHUNK)
-        return cls(N=len(lens), NT=NT, max_len=max(lens), tokens=B * T,
+        return cls(N=len(lens), NT=NT, max_len=max(lens), tokens=tokens,
                    cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device),
                    chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                    NP=NP, pair_indices=pair_indices, pair_offsets=pair_offsets)
@@ -688,13 +694,16 @@ class ChunkWorkspace:
     seg_L: Tensor | None = None  # [segments, HV, K, V]
     seg_M: Tensor | None = None  # [segments, HV, K, K]
     seg_init: Tensor | None = None  # [segments, HV, K, V]
+    # chunk_fused's pipeline (PipelineLayout): the state one group hands the next, two in turn, fp32
+    handoff: Tensor | None = None  # [2, N, HV, K, V]
 
     @classmethod
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
                  fuse_output: bool, final_state: bool, segments: SegmentLayout | None = None,
-                 output_span: int = 1) -> ChunkWorkspace:
+                 output_span: int = 1, pipeline: bool = False) -> ChunkWorkspace:
         """stages: the multi-kernel pipeline's W and U (and beta for raw gating) buffers too; segments: the
-        chunk-parallel state pass's; output_span: chunks per output block (h holds one state per block)."""
+        chunk-parallel state pass's; output_span: chunks per output block (h holds one state per block);
+        pipeline: chunk_fused's groups' hand-off states."""
         B, T, _, K = q.shape
         HV, V = v.shape[2], v.shape[3]
         BT, dt, dev = B * T, q.dtype, q.device
@@ -713,6 +722,7 @@ class ChunkWorkspace:
                 seg_L=empty(segments.layout.N, HV, K, V, dtype=torch.float32),
                 seg_M=empty(segments.layout.N, HV, K, K, dtype=torch.float32),
                 seg_init=empty(segments.layout.N, HV, K, V, dtype=torch.float32))),
+            handoff=empty(2, layout.N, HV, K, V, dtype=torch.float32) if pipeline else None,
         )
 
 
@@ -774,7 +784,8 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
            b: Tensor | None, A_log: Tensor | None, dt_bias: Tensor | None, *, scale: float,
            initial_state: Tensor | None, output_final_state: bool, cu_seqlens: Tensor | None,
            layout: ChunkLayout | None, qk_l2norm: bool, out: Tensor | None, workspace: ChunkWorkspace | None,
-           stages: bool, fuse_output: bool, segments: SegmentLayout | None = None, output_span: int = 1) -> _Args:
+           stages: bool, fuse_output: bool, segments: SegmentLayout | None = None, output_span: int = 1,
+           pipeline: bool = False) -> _Args:
     """Validate a launch of either variant and fill in its layout, workspace and output."""
     B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
                                      head_dim_limit="one key tile per chunk")
@@ -795,12 +806,12 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
         raise ValueError("the chunk-parallel state pass stores the state of every chunk (output_span 1)")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
                                               fuse_output=fuse_output, final_state=output_final_state,
-                                              segments=segments, output_span=output_span)
+                                              segments=segments, output_span=output_span, pipeline=pipeline)
     seg = segments is not None
     missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
                                        ("final_state", output_final_state), ("seg_L", seg), ("seg_M", seg),
-                                       ("seg_init", seg)) if need and getattr(ws, name) is None]
+                                       ("seg_init", seg), ("handoff", pipeline)) if need and getattr(ws, name) is None]
     if missing or ws.Ai.shape != (B * T, HV, CHUNK) or ws.Ai.dtype != q.dtype or \
             (stages and (ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V))) or \
             (not fuse_output and ws.h.shape[0] != lay.blocks(output_span)[0]):
@@ -819,38 +830,52 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
                  stages=stages)
 
 
+def _shape(x: _Args) -> dict:
+    """The constexpr shape arguments every state and output pass launch takes."""
+    return dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
+
+
+def _state_pass(x: _Args, state_kernel, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None,
+                segment: int = 0, fuse: bool = False, h: Tensor | None = None) -> None:
+    """(d) over the sequences of ``over`` from h0 (fp32, or zero), the final states to ht (or not
+    stored); h: where the first block's entering state goes (default: the workspace's h, whose start
+    is over's first block)."""
+    ws = x.ws
+    V = x.K if segment == 2 else x.V  # the transition's columns run over K
+    state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
+        x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
+        over.cu_seqlens, over.blocks(x.span)[2], x.scale, state_tier(over.N, x.HV, V, over.max_len),
+        USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span,
+        FROM_AI=not x.stages, **{**_shape(x), "V": V})
+
+
+def _output_pass(x: _Args, output_kernel, over: ChunkLayout, h: Tensor | None = None) -> None:
+    """(e) over the blocks of x.span chunks of ``over``; h as for _state_pass."""
+    blocks, block_indices, _ = over.blocks(x.span)
+    if blocks:
+        output_kernel[lambda meta: (blocks * x.HV * triton.cdiv(x.V, meta["BV"]),)](
+            x.q, x.k, x.ws.gc, x.ws.h if h is None else h, x.ws.v_new, x.out, over.cu_seqlens, block_indices,
+            x.scale, chunk_tier(over.NT, x.HV), SPAN=x.span, **_shape(x))
+
+
 def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool,
                       segments: SegmentLayout | None = None, output_kernel=None) -> None:
     """(d), and (e) unless the output is fused into (d); with ``segments``, (d) chunk-parallel
     (SegmentLayout: d1-d4). state_kernel: an autotuned _chunk_state_fn; output_kernel: an autotuned
     _chunk_output_fn (default: ``_chunk_output_kernel``), run on blocks of x.span chunks."""
     lay, ws = x.lay, x.ws
-    shape = dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
     final = ws.final_state if output_final_state else None
-
-    def state_pass(over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, segment: int,
-                   fuse: bool = False) -> None:
-        V = x.K if segment == 2 else x.V  # the transition's columns run over K
-        state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
-            x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h, ws.v_new, x.out, h0, ht, over.cu_seqlens,
-            over.blocks(x.span)[2], x.scale, state_tier(over.N, x.HV, V, over.max_len), USE_H0=h0 is not None,
-            STORE_HT=ht is not None, FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span, FROM_AI=not x.stages,
-            **{**shape, "V": V})
-
     if segments is None:
-        state_pass(lay, x.h0, final, 0, fuse_output)
+        _state_pass(x, state_kernel, lay, x.h0, final, fuse=fuse_output)
     else:
-        state_pass(segments.layout, None, ws.seg_L, 1)
-        state_pass(segments.layout, None, ws.seg_M, 2)
+        _state_pass(x, state_kernel, segments.layout, None, ws.seg_L, 1)
+        _state_pass(x, state_kernel, segments.layout, None, ws.seg_M, 2)
         _segment_scan_kernel[(lay.N * x.HV, triton.cdiv(x.V, SCAN_BV))](
             ws.seg_M, ws.seg_L, x.h0, ws.seg_init, final, segments.seg_offsets, HV=x.HV, K=x.K, V=x.V, BK=x.BK,
             BV=SCAN_BV, USE_H0=x.h0 is not None, STORE_HT=final is not None, IEEE=x.ieee, num_warps=8)
-        state_pass(segments.layout, ws.seg_init, None, 0, fuse_output)
-    blocks, block_indices, _ = lay.blocks(x.span)
-    if not fuse_output and blocks:
-        (output_kernel or _chunk_output_kernel)[lambda meta: (blocks * x.HV * triton.cdiv(x.V, meta["BV"]),)](
-            x.q, x.k, ws.gc, ws.h, ws.v_new, x.out, lay.cu_seqlens, block_indices, x.scale,
-            chunk_tier(lay.NT, x.HV), SPAN=x.span, **shape)
+        _state_pass(x, state_kernel, segments.layout, ws.seg_init, None, fuse=fuse_output)
+    if not fuse_output:
+        _output_pass(x, output_kernel or _chunk_output_kernel, lay)
 
 
 def chunk_gdn(

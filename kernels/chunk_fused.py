@@ -42,17 +42,20 @@ lives in ``chunk``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _bv_prune, _chunk_bounds,
+from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _bv_prune, _chunk_bounds,
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
-                    _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _setup,
-                    _state_and_output, _state_prune, _store_tile, chunk_tier)
+                    _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
+                    _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "fuse_output_default", "output_span_default", "describe"]
+__all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -131,6 +134,100 @@ def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seql
     _store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai * b_beta[None, :])
 
 
+@dataclass(frozen=True)
+class PipelineLayout:
+    """One sequence's chunks in groups of ``chunks``, for a pipelined call: group g's walk (the state
+    pass, on a high-priority stream) waits only for group g's prep kernel, which ran beside group g - 1's
+    walk, and group g's output pass runs as soon as its walk is done, beside the next walk. A walk hands
+    its state to the next group's through an fp32 buffer, the values it kept in registers, so the
+    results are those of one walk. Built on the host once (reads cu_seqlens), outside timed calls."""
+
+    chunks: int  # per group, even: a pair of chunks (output_span 2) never straddles two groups
+    tokens: int  # the sequence's
+    groups: tuple[tuple[ChunkLayout, int], ...]  # each group's tokens as a layout, and its first chunk
+
+    @classmethod
+    def build(cls, layout: ChunkLayout, chunks: int) -> PipelineLayout:
+        if layout.N != 1:
+            raise ValueError(f"a pipeline cuts one sequence, the layout has {layout.N}")
+        if chunks < 2 or chunks % 2:
+            raise ValueError(f"a pipeline group takes an even number of chunks, got {chunks}")
+        start, end = layout.cu_seqlens.tolist()
+        span = chunks * CHUNK
+        return cls(chunks=chunks, tokens=end - start, groups=tuple(
+            (ChunkLayout.from_bounds([t, min(t + span, end)], layout.tokens, layout.cu_seqlens.device), i * chunks)
+            for i, t in enumerate(range(start, end, span))))
+
+
+_STREAMS: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]] = {}
+
+
+def _pipeline_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]:
+    """(walk, prep, output) streams of a device, made once: the walk is the critical path, so its stream
+    has the higher priority (its programs are scheduled first when an SM frees up)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _STREAMS:
+        low, high = torch.cuda.Stream.priority_range()
+        _STREAMS[index] = (torch.cuda.Stream(device, priority=high), torch.cuda.Stream(device, priority=low),
+                           torch.cuda.Stream(device, priority=low))
+    return _STREAMS[index]
+
+
+def _prep(x: _Args, over: ChunkLayout, first_chunk: int = 0) -> None:
+    """The prep kernel over the chunks of ``over``, the first of which is the batch's ``first_chunk``."""
+    if over.NT:
+        _chunk_prep_kernel[(over.NT * x.HV,)](
+            x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,
+            over.cu_seqlens, over.chunk_indices, chunk_tier(over.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK,
+            BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
+
+
+def _pipelined(x: _Args, pipe: PipelineLayout, output_final_state: bool) -> None:
+    """Prep, walk and output pass group by group (see PipelineLayout); on a GPU the three run on their
+    own streams, forked from and joined back into the caller's (CUDA-graph capturable)."""
+    ws, last = x.ws, len(pipe.groups) - 1
+
+    def walk(g: int) -> None:
+        over, first = pipe.groups[g]
+        ht = (ws.final_state if output_final_state else None) if g == last else ws.handoff[g % 2]
+        _state_pass(x, _chunk_state_kernel, over, x.h0 if g == 0 else ws.handoff[(g - 1) % 2], ht,
+                    h=ws.h[first // x.span:])
+
+    def output(g: int) -> None:
+        over, first = pipe.groups[g]
+        _output_pass(x, _output_kernel(x.span), over, h=ws.h[first // x.span:])
+
+    if x.q.device.type != "cuda":
+        for g in range(last + 1):
+            _prep(x, *pipe.groups[g])
+            walk(g)
+            output(g)
+        return
+    main = torch.cuda.current_stream(x.q.device)
+    streams = walk_s, prep_s, out_s = _pipeline_streams(x.q.device)
+    for s in streams:
+        s.wait_stream(main)
+    prepped = [torch.cuda.Event() for _ in pipe.groups]
+    with torch.cuda.stream(walk_s):
+        _prep(x, *pipe.groups[0])
+    with torch.cuda.stream(prep_s):
+        for g in range(1, last + 1):
+            _prep(x, *pipe.groups[g])
+            prepped[g].record()
+    for g in range(last + 1):
+        walked = torch.cuda.Event()
+        with torch.cuda.stream(walk_s):
+            if g:
+                walk_s.wait_event(prepped[g])
+            walk(g)
+            walked.record()
+        with torch.cuda.stream(out_s):
+            out_s.wait_event(walked)
+            output(g)
+    for s in streams:
+        main.wait_stream(s)
+
+
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
     """Whether the output pass folds into the state pass by default: sequences of one chunk, or many
     sequences of about equal length or short (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
@@ -172,6 +269,7 @@ def chunk_fused_gdn(
     fuse_output: bool | None = None,
     segments: SegmentLayout | None = None,
     output_span: int | None = None,
+    pipeline: PipelineLayout | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
@@ -180,23 +278,29 @@ def chunk_fused_gdn(
     the chunk-parallel state pass instead of one walk over each sequence's chunks. output_span: chunks
     per output-pass block, 1 or 2 (the state is stored once per block; a workspace allocated with the
     same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
+    pipeline (``PipelineLayout.build``, one sequence): prep, walk and output pass group by group,
+    overlapped on three streams (a workspace allocated with ``pipeline=True``); never with the output
+    fused in or with segments.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K = v.shape[2], q.shape[3]
     fuse = fuse_output_default(lay, HV, K, segments) if fuse_output is None else fuse_output
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
+    if pipeline is not None and (fuse or segments is not None or lay.N != 1 or pipeline.tokens != lay.max_len):
+        raise ValueError("a pipeline cuts this call's one sequence and runs the output pass (not fused in), "
+                         "without segments")
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
-               out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span)
-    ws = x.ws
-    if lay.NT:
-        _chunk_prep_kernel[(lay.NT * x.HV,)](
-            x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.A_diag, ws.Ai, lay.cu_seqlens,
-            lay.chunk_indices, chunk_tier(lay.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, RAW_GATE=x.raw,
-            L2NORM=x.l2norm, IEEE=x.ieee)
-    _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
-                      output_final_state=output_final_state, segments=segments, output_kernel=_output_kernel(span))
-    return x.out, ws.final_state if output_final_state else None
+               out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
+               pipeline=pipeline is not None)
+    if pipeline is not None:
+        _pipelined(x, pipeline, output_final_state)
+    else:
+        _prep(x, lay)
+        _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
+                          output_final_state=output_final_state, segments=segments,
+                          output_kernel=_output_kernel(span))
+    return x.out, x.ws.final_state if output_final_state else None
 
 
 def _output_kernel(span: int):

@@ -105,19 +105,25 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
         # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps)
         segments = chunk.SegmentLayout.build(layout, 1)
-        # pairs: the output pass over pairs of chunks (the output never fused in)
-        for variant, stages in (("chunk", True), ("fused", False), ("cp", False), ("pairs", False)):
-            span = 2 if variant == "pairs" else 1
+        # pairs: the output pass over pairs of chunks (the output never fused in); pipe: that, pipelined in
+        # groups of two chunks (one sequence only)
+        for variant, stages in (("chunk", True), ("fused", False), ("cp", False), ("pairs", False), ("pipe", False)):
+            if variant == "pipe" and layout.N != 1:
+                results[(case["name"], variant)] = {"skip": "a pipeline cuts one sequence"}
+                continue
+            span = 2 if variant in ("pairs", "pipe") else 1
             fuse = variant in ("fused", "cp") and case["fuse_output"]
             try:
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw, fuse_output=fuse,
                                                    final_state=kw["output_final_state"],
-                                                   segments=segments if variant == "cp" else None, output_span=span)
+                                                   segments=segments if variant == "cp" else None, output_span=span,
+                                                   pipeline=variant == "pipe")
                 for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
-                             "seg_init"):
+                             "seg_init", "handoff"):
                     if getattr(ws, name) is not None:
                         getattr(ws, name).fill_(float("nan"))
                 out = torch.full_like(v, float("nan"))
+                pipe = chunk_fused.PipelineLayout.build(layout, 2) if variant == "pipe" else None
                 saved = torch.Tensor.item, torch.Tensor.tolist
                 # no .item() / .tolist() in a call with a prebuilt layout (graph capture)
                 torch.Tensor.item = torch.Tensor.tolist = no_host_sync
@@ -125,9 +131,10 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                     if variant == "chunk":
                         o, final = chunk.chunk_gdn(**kw, layout=layout, out=out, workspace=ws)
                     else:
-                        o, final = chunk_fused.chunk_fused_gdn(**kw, layout=layout, out=out, workspace=ws,
-                                                               fuse_output=fuse, output_span=span,
-                                                               segments=segments if variant == "cp" else None)
+                        o, final = chunk_fused.chunk_fused_gdn(
+                            **kw, layout=layout, out=out, workspace=ws, fuse_output=fuse, output_span=span,
+                            segments=segments if variant == "cp" else None,
+                            pipeline=pipe)
                 finally:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "h_offsets": layout.blocks(span)[2]}
@@ -368,13 +375,18 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "pairs"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "pairs", "pipe"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
     kw = case["kw"]
     got = interpreted[(name, variant)]
+    if "skip" in got:
+        pytest.skip(got["skip"])
     assert "error" not in got, got.get("error")
+    if variant == "pipe":  # the hand-off between groups keeps the walk's fp32 state: the same results
+        pairs = interpreted[(name, "pairs")]
+        assert torch.equal(got["o"], pairs["o"]) and torch.equal(got["h"], pairs["h"])
     o_ref, final_ref, ref = references(kw)
     dt = kw["q"].dtype
     o = got["o"]
@@ -399,7 +411,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
         assert rel(mine, flat[stage]) < (1e-6 if stage == "gc" else STAGE_TOL[dt]), (stage, rel(mine, flat[stage]))
     if "h" in expect:
         # sequence n's chunk (pair) c sits at h_offsets[n] + c; a pair's state is its first chunk's
-        offsets, span = got["h_offsets"].tolist(), 2 if variant == "pairs" else 1
+        offsets, span = got["h_offsets"].tolist(), 2 if variant in ("pairs", "pipe") else 1
         h = got["h"]
         assert torch.isfinite(h).all() and h.shape[0] == offsets[-1]
         ref_h = torch.cat([ref.h[n, :, ::span][:, : offsets[n + 1] - offsets[n]].transpose(0, 1)
@@ -612,6 +624,19 @@ def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
         assert {"state_tier", "chunk_tier"} & set(kernel.keys), kernel.keys
     assert chunk.chunk_tier(1, 1) != chunk.chunk_tier(128, 8)
     assert chunk.state_tier(1, 1, 64, 63) != chunk.state_tier(4, 8, 64, 2048)
+
+
+def test_a_pipeline_cuts_one_sequence_into_groups():
+    from gdnbench_kernels import chunk, chunk_fused
+
+    pipe = chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 2)
+    assert [(over.cu_seqlens.tolist(), first, over.NT, over.NP) for over, first in pipe.groups] == [
+        ([0, 128], 0, 2, 1), ([128, 256], 2, 2, 1), ([256, 300], 4, 1, 1)]
+    assert pipe.tokens == 300 and all(over.tokens == 300 for over, _ in pipe.groups)
+    with pytest.raises(ValueError, match="cuts one sequence"):
+        chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(2, 300, None, CPU), 2)
+    with pytest.raises(ValueError, match="even number of chunks"):
+        chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 3)
 
 
 def test_a_workspace_must_fit_the_variant():

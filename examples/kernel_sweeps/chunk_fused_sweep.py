@@ -6,7 +6,9 @@
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
-               several segment sizes, each with the output pass and with the output folded in.
+               several segment sizes, each with the output pass and with the output folded in;
+  pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
+               output pass group by group on three streams) at several group sizes, one sequence only.
 
 A forced config runs as given (the autotuner prunes only among several), BV masked past the head dim.
 Each row also gives the relative difference of its output from the first row's: every config and
@@ -106,12 +108,19 @@ def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes:
                                                            for c in sizes for out in (False, True)])
 
 
+def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
+    _sweep_variants(suite, pattern, device, ["fused"] + [f"groups of {c}" for c in sizes],
+                    lambda p: [_prepare(p, fused=True, fuse_output=False)] +
+                    [_prepare(p, fused=True, fuse_output=False, pipeline_chunks=c) for c in sizes])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = tool_parser(__doc__)
     sub = parser.add_subparsers(dest="sweep", required=True)
     for name, help_ in (("configs", "force each candidate config of one kernel"),
                         ("fuse-output", "output pass vs output folded into the state pass"),
-                        ("segments", "the sequential state pass vs the chunk-parallel one")):
+                        ("segments", "the sequential state pass vs the chunk-parallel one"),
+                        ("pipeline", "one call vs prep, walk and output pass overlapped group by group")):
         cmd = sub.add_parser(name, help=help_)
         add_case_arguments(cmd)
         if name == "configs":
@@ -123,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
         if name == "segments":
             cmd.add_argument("-s", "--segment-chunks", type=int, action="append",
                              help="chunks per segment (repeatable; default: 16, 32, 64)")
+        if name == "pipeline":
+            cmd.add_argument("-g", "--group-chunks", type=int, action="append",
+                             help="chunks per group, even (repeatable; default: 32, 64, 128)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.sweep == "configs":
@@ -134,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         sweep_configs(args.suite, args.filter, args.kernel, args.config, device)
     elif args.sweep == "fuse-output":
         sweep_fuse_output(args.suite, args.filter, device)
+    elif args.sweep == "pipeline":
+        sweep_pipeline(args.suite, args.filter, device, args.group_chunks or [32, 64, 128])
     else:
         sweep_segments(args.suite, args.filter, device, args.segment_chunks or [16, 32, 64])
 

@@ -36,11 +36,14 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 
 def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
-             segment_chunks: int | None = None, output_span: int | None = None) -> Prepared:
+             segment_chunks: int | None = None, output_span: int | None = None,
+             pipeline_chunks: int | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks.
-    output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``."""
+    output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``.
+    pipeline_chunks (fused only, one sequence, output not fused in): prep, walk and output pass in groups of
+    that many chunks, overlapped on three streams (``chunk_fused.PipelineLayout``)."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -49,6 +52,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
+    pipeline = None if pipeline_chunks is None else chunk_fused.PipelineLayout.build(layout, pipeline_chunks)
     if fuse_output is None:
         fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K, segments)
     fuse_output = fused and fuse_output
@@ -56,7 +60,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
     span = output_span if fused and not fuse_output else 1
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
-                                       final_state=case.output_final_state, segments=segments, output_span=span)
+                                       final_state=case.output_final_state, segments=segments, output_span=span,
+                                       pipeline=pipeline is not None)
     o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call
     kw: dict[str, Any] = dict(gating, scale=p.scale, initial_state=p.initial_state,
                               output_final_state=case.output_final_state, cu_seqlens=p.cu_seqlens, layout=layout,
@@ -64,10 +69,11 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     if fused:
         def call() -> None:
             chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments,
-                                        output_span=span)
+                                        output_span=span, pipeline=pipeline)
 
         kernels = "gate+kkt+solve in one, W/U in the state pass" + (
-            f", state pass over segments of {segment_chunks} chunks" if segments else "")
+            f", state pass over segments of {segment_chunks} chunks" if segments else "") + (
+            f", pipelined in groups of {pipeline_chunks} chunks" if pipeline else "")
         configs = chunk_fused.STATE_CONFIGS
     else:
         def call() -> None:
