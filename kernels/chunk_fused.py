@@ -55,7 +55,8 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _b
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "describe"]
+__all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
+           "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -226,6 +227,28 @@ def _pipelined(x: _Args, pipe: PipelineLayout, output_final_state: bool) -> None
             output(g)
     for s in streams:
         main.wait_stream(s)
+
+
+# When one sequence's call is pipelined by default (pipeline_default), and in groups of how many chunks:
+# a quarter of its chunks, even, 32 to 128. Forced on an H100 (chunk_fused_sweep pipeline, interleaved,
+# graph replay, us; one call, then groups of 16 / 32 / 64 / 128 chunks), qwen3-next B=1: T=4096 194.4 vs
+# 196.4 / 212.1 / 194.2 / 194.4; T=8192 370.4 vs 363.0 / 351.9 / 380.6 / 370.0; T=16384 717.3 vs 695.0 /
+# 670.9 / 661.4 / 720.7; T=32768 1403.6 vs 1342.9 / 1313.6 / 1293.2 / 1281.4; T=65536 2763.1 vs 2656.6 /
+# 2595.2 / 2566.3 / 2538.4. Measured at HV = 32 only, hence the floor on chunk-heads.
+PIPELINE_MIN_CHUNKS = 128  # NT of the one sequence
+PIPELINE_MIN_CHUNK_HEADS = 4096  # NT * HV
+PIPELINE_GROUP_CHUNKS = (32, 128)  # the least and the most chunks per group
+
+
+def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: SegmentLayout | None = None
+                     ) -> int | None:
+    """Chunks per pipeline group by default (see PIPELINE_MIN_CHUNKS), or None for one call: for one
+    long sequence whose output pass runs on its own."""
+    if layout.N != 1 or fuse_output or segments is not None or layout.NT < PIPELINE_MIN_CHUNKS or \
+            layout.NT * HV < PIPELINE_MIN_CHUNK_HEADS:
+        return None
+    least, most = PIPELINE_GROUP_CHUNKS
+    return min(max(layout.NT // 4 // 2 * 2, least), most)
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:

@@ -626,6 +626,21 @@ def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
     assert chunk.state_tier(1, 1, 64, 63) != chunk.state_tier(4, 8, 64, 2048)
 
 
+@pytest.mark.parametrize("B,T,HV,fuse,chunks", [
+    (1, 4096, 32, False, None),  # 64 chunks: measured no faster
+    (1, 8192, 32, False, 32),  # a quarter of the chunks
+    (1, 16384, 32, False, 64),
+    (1, 65536, 32, False, 128),  # at most 128
+    (1, 8192, 4, False, None),  # few heads: not measured
+    (1, 8192, 32, True, None),  # the output folded into the walk
+    (2, 8192, 32, False, None),  # one sequence only
+])
+def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks):
+    from gdnbench_kernels import chunk, chunk_fused
+
+    assert chunk_fused.pipeline_default(chunk.ChunkLayout.build(B, T, None, CPU), HV, fuse) == chunks
+
+
 def test_a_pipeline_cuts_one_sequence_into_groups():
     from gdnbench_kernels import chunk, chunk_fused
 

@@ -96,8 +96,9 @@ def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names
 def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
     _sweep_variants(suite, pattern, device, ["triton.chunk", "fused+output pass", "fused+output pass per 2 chunks",
                                              "fused, output in state pass"],
-                    lambda p: [_prepare(p, fused=False), _prepare(p, fused=True, fuse_output=False, output_span=1),
-                               _prepare(p, fused=True, fuse_output=False, output_span=2),
+                    lambda p: [_prepare(p, fused=False),
+                               _prepare(p, fused=True, fuse_output=False, output_span=1, pipeline_chunks=0),
+                               _prepare(p, fused=True, fuse_output=False, output_span=2, pipeline_chunks=0),
                                _prepare(p, fused=True, fuse_output=True)])
 
 
@@ -110,7 +111,7 @@ def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes:
 
 def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     _sweep_variants(suite, pattern, device, ["fused"] + [f"groups of {c}" for c in sizes],
-                    lambda p: [_prepare(p, fused=True, fuse_output=False)] +
+                    lambda p: [_prepare(p, fused=True, fuse_output=False, pipeline_chunks=0)] +
                     [_prepare(p, fused=True, fuse_output=False, pipeline_chunks=c) for c in sizes])
 
 

@@ -43,7 +43,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks.
     output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``.
     pipeline_chunks (fused only, one sequence, output not fused in): prep, walk and output pass in groups of
-    that many chunks, overlapped on three streams (``chunk_fused.PipelineLayout``)."""
+    that many chunks, overlapped on three streams (``chunk_fused.PipelineLayout``); None: the kernel's
+    default rule (``chunk_fused.pipeline_default``), 0: one call."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -52,13 +53,15 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
-    pipeline = None if pipeline_chunks is None else chunk_fused.PipelineLayout.build(layout, pipeline_chunks)
     if fuse_output is None:
         fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K, segments)
     fuse_output = fused and fuse_output
     if output_span is None:
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
     span = output_span if fused and not fuse_output else 1
+    if pipeline_chunks is None:
+        pipeline_chunks = chunk_fused.pipeline_default(layout, case.HV, fuse_output, segments) if fused else None
+    pipeline = chunk_fused.PipelineLayout.build(layout, pipeline_chunks) if pipeline_chunks else None
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
                                        final_state=case.output_final_state, segments=segments, output_span=span,
                                        pipeline=pipeline is not None)
