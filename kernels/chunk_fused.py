@@ -20,6 +20,11 @@ Two or three launches instead of five, and W and U never stored:
      pass, which then has its own candidate list: one launch less and no h / v_new round trip, paid for
      with Q K^T recomputed once per V-block and no parallelism over chunks.
 
+For one long sequence (``pipeline``, default: see PIPELINE_MIN_CHUNKS) the three run group by group on
+three streams (``PipelineLayout``): the walk (the state pass, 128 latency-bound programs at qwen3-next's
+heads, leaving most of the GPU idle) goes on through group g while group g + 1's prep kernel and group
+g - 1's output pass fill the rest; 1.05-1.08x at B=1 T >= 8192 on an H100.
+
 What each should buy on Hopper: (1) ``chunk``'s (a) and (b) less a launch and the gc re-read. (2) Against
 storing W and U (the prep kernel then took V and two more dots, and held 212 registers at K = V = 128,
 two programs per SM): the prep kernel writes 64 values per token and head instead of K + V, reads no V,
