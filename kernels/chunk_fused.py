@@ -142,13 +142,12 @@ def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seql
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """One sequence's chunks in groups of ``chunks``, for a pipelined call: group g's walk (the state
+    """One sequence's chunks in groups (an even number of chunks each), for a pipelined call: group g's walk (the state
     pass, on a high-priority stream) waits only for group g's prep kernel, which ran beside group g - 1's
     walk, and group g's output pass runs as soon as its walk is done, beside the next walk. A walk hands
     its state to the next group's through an fp32 buffer, the values it kept in registers, so the
     results are those of one walk. Built on the host once (reads cu_seqlens), outside timed calls."""
 
-    chunks: int  # per group, even: a pair of chunks (output_span 2) never straddles two groups
     tokens: int  # the sequence's
     groups: tuple[tuple[ChunkLayout, int], ...]  # each group's tokens as a layout, and its first chunk
 
@@ -156,11 +155,11 @@ class PipelineLayout:
     def build(cls, layout: ChunkLayout, chunks: int) -> PipelineLayout:
         if layout.N != 1:
             raise ValueError(f"a pipeline cuts one sequence, the layout has {layout.N}")
-        if chunks < 2 or chunks % 2:
+        if chunks < 2 or chunks % 2:  # a pair of chunks (output_span 2) must not straddle two groups
             raise ValueError(f"a pipeline group takes an even number of chunks, got {chunks}")
         start, end = layout.cu_seqlens.tolist()
         span = chunks * CHUNK
-        return cls(chunks=chunks, tokens=end - start, groups=tuple(
+        return cls(tokens=end - start, groups=tuple(
             (ChunkLayout.from_bounds([t, min(t + span, end)], layout.tokens, layout.cu_seqlens.device), i * chunks)
             for i, t in enumerate(range(start, end, span))))
 
@@ -213,13 +212,13 @@ def _pipelined(x: _Args, pipe: PipelineLayout, output_final_state: bool) -> None
     streams = walk_s, prep_s, out_s = _pipeline_streams(x.q.device)
     for s in streams:
         s.wait_stream(main)
-    prepped = [torch.cuda.Event() for _ in pipe.groups]
+    prepped = {g: torch.cuda.Event() for g in range(1, last + 1)}  # group 0's prep runs on the walk's stream
     with torch.cuda.stream(walk_s):
         _prep(x, *pipe.groups[0])
     with torch.cuda.stream(prep_s):
-        for g in range(1, last + 1):
+        for g, event in prepped.items():
             _prep(x, *pipe.groups[g])
-            prepped[g].record()
+            event.record()
     for g in range(last + 1):
         walked = torch.cuda.Event()
         with torch.cuda.stream(walk_s):
