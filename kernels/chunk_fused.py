@@ -142,11 +142,11 @@ def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seql
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """One sequence's chunks in groups (an even number of chunks each), for a pipelined call: group g's walk (the state
-    pass, on a high-priority stream) waits only for group g's prep kernel, which ran beside group g - 1's
-    walk, and group g's output pass runs as soon as its walk is done, beside the next walk. A walk hands
-    its state to the next group's through an fp32 buffer, the values it kept in registers, so the
-    results are those of one walk. Built on the host once (reads cu_seqlens), outside timed calls."""
+    """One sequence's chunks in groups of an even number, for a pipelined call: group g's walk (the
+    state pass, on a high-priority stream) waits only for group g's prep kernel, which ran beside group
+    g - 1's walk, and group g's output pass runs as soon as its walk is done, beside the next walk. A
+    walk hands its state to the next group's through an fp32 buffer, the values it kept in registers, so
+    the results are those of one walk. Built on the host once (reads cu_seqlens), outside timed calls."""
 
     tokens: int  # the sequence's
     groups: tuple[tuple[ChunkLayout, int], ...]  # each group's tokens as a layout, and its first chunk
