@@ -38,8 +38,9 @@ at every segment size and qwen3-next case measured (1.2-1.4x slower, BENCHMARKS.
 the plain pass is bandwidth-, not latency-bound, and this one does three walks' work.
 
 Layout: every token-indexed buffer is flat over tokens ([B * T, heads, dim], the canonical tensors'
-own memory), and every kernel finds its sequence through ``cu_seqlens`` (a padded batch gets b * T
-bounds), so padded and varlen batches are one code path. Chunks never straddle sequences: a
+own memory), and every kernel finds its sequence through ``seq_bounds`` ([N, 2]: first token, end; a
+padded batch gets b * T, (b + 1) * T), so padded and varlen batches are one code path, and a layout may
+also take sub-ranges of sequences (chunk_fused's pipeline groups). Chunks never straddle sequences: a
 ``ChunkLayout`` (built once on the host, outside any timed call) lists each chunk's (sequence, chunk)
 and each sequence's first chunk; rows past a sequence's end load as zeros and have g = beta = 0, so
 they neither decay nor write. GVA: value head h reads q/k head h // (HV // H). Head dims are padded
@@ -133,12 +134,18 @@ def _exp(x):
 
 
 @triton.jit
-def _chunk_bounds(cu_seqlens, chunk_indices, i_c):
+def _seq_bounds(seq_bounds, i_n):
+    """(first token, length) of sequence i_n of a layout's seq_bounds [N, 2]."""
+    bos = tl.load(seq_bounds + 2 * i_n)
+    return bos, (tl.load(seq_bounds + 2 * i_n + 1) - bos).to(tl.int32)
+
+
+@triton.jit
+def _chunk_bounds(seq_bounds, chunk_indices, i_c):
     """(first token of the sequence, chunk index within it, sequence length) of global chunk i_c."""
     i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int64)
     i_t = tl.load(chunk_indices + 2 * i_c + 1)
-    bos = tl.load(cu_seqlens + i_n)
-    n_tok = (tl.load(cu_seqlens + i_n + 1) - bos).to(tl.int32)
+    bos, n_tok = _seq_bounds(seq_bounds, i_n)
     return bos, i_t, n_tok
 
 
@@ -313,10 +320,10 @@ def _wu_store(b_ai, b_k, b_gc, b_beta, v, W, U, bos, rows, n_tok, i_h, HV: tl.co
 
 
 @triton.jit
-def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, chunk_indices,
+def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, seq_bounds, chunk_indices,
                        HV: tl.constexpr, BT: tl.constexpr, RAW_GATE: tl.constexpr):
     i_c, i_h, _ = _chunk_program(HV, 1)
-    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    bos, i_t, n_tok = _chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
     _, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, valid, i_h, HV, RAW_GATE)
@@ -325,11 +332,11 @@ def _chunk_gate_kernel(g, beta, a, b, A_log, dt_bias, gc, beta_out, cu_seqlens, 
 
 
 @triton.jit
-def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, cu_seqlens, chunk_indices,
+def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, seq_bounds, chunk_indices,
                             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                             L2NORM: tl.constexpr, IEEE: tl.constexpr):
     i_c, i_h, _ = _chunk_program(HV, 1)
-    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    bos, i_t, n_tok = _chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
@@ -340,11 +347,11 @@ def _chunk_kkt_solve_kernel(k, beta, gc, A_diag, Ai, cu_seqlens, chunk_indices,
 
 
 @triton.jit
-def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, cu_seqlens, chunk_indices,
+def _chunk_wu_kernel(k, v, beta, gc, Ai, W, U, seq_bounds, chunk_indices,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                      BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
     i_c, i_h, _ = _chunk_program(HV, 1)
-    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    bos, i_t, n_tok = _chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     valid = rows < n_tok
     b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT)
@@ -435,7 +442,7 @@ OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 
 
 @triton.jit
-def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, cu_seqlens, h_offsets, scale, state_tier,
+def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets, scale, state_tier,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
                     SEGMENT: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
@@ -451,8 +458,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, cu_seqlens, h_of
     i_nh, i_v = tl.program_id(0) // NV, tl.program_id(0) % NV
     i_n, i_h = i_nh // HV, i_nh % HV
     i_hk = i_h // (HV // H)
-    bos = tl.load(cu_seqlens + i_n)
-    n_tok = (tl.load(cu_seqlens + i_n + 1) - bos).to(tl.int32)
+    bos, n_tok = _seq_bounds(seq_bounds, i_n)
     first_h = tl.load(h_offsets + i_n).to(tl.int64)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
@@ -506,7 +512,7 @@ _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS,
 
 
 @triton.jit
-def _chunk_output_fn(q, k, gc, h, v_new, o, cu_seqlens, block_indices, scale, chunk_tier,
+def _chunk_output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, chunk_tier,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                      BK: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr,
                      BV: tl.constexpr):
@@ -516,7 +522,7 @@ def _chunk_output_fn(q, k, gc, h, v_new, o, cu_seqlens, block_indices, scale, ch
     # [SPAN * BT]^2 score tile would need 8 warps at SPAN 2); gc restarts at every chunk, so over a block
     # chunk j's rows add the decay of the chunks before it (``carry``).
     i_c, i_h, i_v = _chunk_program(HV, (V + BV - 1) // BV)
-    bos, i_b, n_tok = _chunk_bounds(cu_seqlens, block_indices, i_c)
+    bos, i_b, n_tok = _chunk_bounds(seq_bounds, block_indices, i_c)
     i_hk = i_h // (HV // H)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
@@ -586,14 +592,17 @@ except ImportError:  # pragma: no cover - older layouts of triton
 class ChunkLayout:
     """Where every chunk of a padded or varlen batch sits; built on the host once, outside timed calls.
 
-    A padded [B, T] batch is described like a varlen one (bounds b * T), so kernels have one path.
+    A padded [B, T] batch is described like a varlen one (bounds b * T), so kernels have one path. A
+    sequence is a token range [start, end) of the token-indexed buffers; ranges need not be adjacent
+    and may be empty (a pipeline group takes a sub-range of each sequence of a batch).
     """
 
     N: int  # sequences
     NT: int  # chunks over all sequences
     max_len: int  # the longest sequence, in tokens
     tokens: int  # B * T: the token-indexed buffers' length, which every sequence bound stays within
-    cu_seqlens: Tensor  # [N + 1] int64
+    spans: tuple[tuple[int, int], ...]  # each sequence's [start, end) tokens, on the host
+    seq_bounds: Tensor  # [N, 2] int64: the same on the device, which the kernels read
     chunk_indices: Tensor  # [NT, 2] int32: (sequence, chunk within it), sequence-major
     chunk_offsets: Tensor  # [N + 1] int32: global index of each sequence's first chunk
     # the same for pairs of chunks (a sequence's last pair may hold one), the output pass's blocks at SPAN 2
@@ -611,13 +620,15 @@ class ChunkLayout:
             bounds = cu_seqlens.tolist()  # the one host sync: layouts are built before timing
         if bounds[0] != 0 or bounds[-1] != B * T or any(e < s for s, e in zip(bounds, bounds[1:])):
             raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at T={T}, got {bounds}")
-        return cls.from_bounds(bounds, B * T, device)
+        return cls.from_spans(list(zip(bounds, bounds[1:])), B * T, device)
 
     @classmethod
-    def from_bounds(cls, bounds: list[int], tokens: int, device: torch.device | str) -> ChunkLayout:
-        """The layout of the sequences [bounds[i], bounds[i + 1]) of token-indexed buffers of ``tokens``
-        rows (``build`` checks that they cover a batch; a pipeline group covers part of one)."""
-        lens = [e - s for s, e in zip(bounds, bounds[1:])]
+    def from_spans(cls, spans: list[tuple[int, int]], tokens: int, device: torch.device | str) -> ChunkLayout:
+        """The layout of the sequences [start, end) of token-indexed buffers of ``tokens`` rows (``build``
+        checks that they cover a batch; a pipeline group covers part of one)."""
+        if any(not 0 <= s <= e <= tokens for s, e in spans):
+            raise ValueError(f"sequence spans must lie within the {tokens} tokens, got {spans}")
+        lens = [e - s for s, e in spans]
 
         def blocks(size: int) -> tuple[int, Tensor, Tensor]:
             counts = [triton.cdiv(n, size) for n in lens]
@@ -629,8 +640,9 @@ class ChunkLayout:
                     torch.tensor(offsets, dtype=torch.int32, device=device))
 
         (NT, chunk_indices, chunk_offsets), (NP, pair_indices, pair_offsets) = blocks(CHUNK), blocks(2 * CHUNK)
-        return cls(N=len(lens), NT=NT, max_len=max(lens), tokens=tokens,
-                   cu_seqlens=torch.tensor(bounds, dtype=torch.int64, device=device),
+        spans = tuple((int(s), int(e)) for s, e in spans)
+        return cls(N=len(lens), NT=NT, max_len=max(lens), tokens=tokens, spans=spans,
+                   seq_bounds=torch.tensor(spans, dtype=torch.int64, device=device).reshape(-1, 2),
                    chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                    NP=NP, pair_indices=pair_indices, pair_offsets=pair_offsets)
 
@@ -649,7 +661,7 @@ class SegmentLayout:
     parallel over segments; (d3) a scan over each sequence's segments, S_j+1 = M_j S_j + L_j, for the
     state entering each one; (d4) the state pass over all segments at once from those states. The
     sequential walk shrinks from a sequence's chunks to its segments, for 3x the state pass's work.
-    Built on the host once (reads cu_seqlens), outside any timed call.
+    Built on the host once, outside any timed call.
     """
 
     chunks: int  # chunks per segment
@@ -660,14 +672,12 @@ class SegmentLayout:
     def build(cls, layout: ChunkLayout, chunks: int) -> SegmentLayout:
         if chunks < 1:
             raise ValueError(f"a segment needs at least one chunk, got {chunks}")
-        bounds, span = layout.cu_seqlens.tolist(), chunks * CHUNK
-        seg_bounds, offsets = [0], [0]
-        for start, end in zip(bounds, bounds[1:]):
-            seg_bounds += [min(t + span, end) for t in range(start, end, span)]
-            offsets.append(len(seg_bounds) - 1)
-        device = layout.cu_seqlens.device
-        return cls(chunks=chunks,
-                   layout=ChunkLayout.build(1, layout.tokens, torch.tensor(seg_bounds, device=device), device),
+        span, device = chunks * CHUNK, layout.seq_bounds.device
+        seg_spans, offsets = [], [0]
+        for start, end in layout.spans:
+            seg_spans += [(t, min(t + span, end)) for t in range(start, end, span)]
+            offsets.append(len(seg_spans))
+        return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device))
 
 
@@ -790,7 +800,7 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
     B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
                                      head_dim_limit="one key tile per chunk")
     lay = ChunkLayout.build(B, T, cu_seqlens, q.device) if layout is None else layout
-    if layout is not None and (layout.cu_seqlens.numel() != lay.N + 1 or lay.tokens != B * T or
+    if layout is not None and (tuple(layout.seq_bounds.shape) != (lay.N, 2) or lay.tokens != B * T or
                                tuple(lay.chunk_indices.shape) != (lay.NT, 2) or lay.chunk_offsets.numel() != lay.N + 1 or
                                (cu_seqlens is None and lay.N != B) or (cu_seqlens is not None and B != 1)):
         # a layout of a longer batch would send every kernel past the ends of this one's buffers
@@ -844,7 +854,7 @@ def _state_pass(x: _Args, state_kernel, over: ChunkLayout, h0: Tensor | None, ht
     V = x.K if segment == 2 else x.V  # the transition's columns run over K
     state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
         x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
-        over.cu_seqlens, over.blocks(x.span)[2], x.scale, state_tier(over.N, x.HV, V, over.max_len),
+        over.seq_bounds, over.blocks(x.span)[2], x.scale, state_tier(over.N, x.HV, V, over.max_len),
         USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span,
         FROM_AI=not x.stages, **{**_shape(x), "V": V})
 
@@ -854,7 +864,7 @@ def _output_pass(x: _Args, output_kernel, over: ChunkLayout, h: Tensor | None = 
     blocks, block_indices, _ = over.blocks(x.span)
     if blocks:
         output_kernel[lambda meta: (blocks * x.HV * triton.cdiv(x.V, meta["BV"]),)](
-            x.q, x.k, x.ws.gc, x.ws.h if h is None else h, x.ws.v_new, x.out, over.cu_seqlens, block_indices,
+            x.q, x.k, x.ws.gc, x.ws.h if h is None else h, x.ws.v_new, x.out, over.seq_bounds, block_indices,
             x.scale, chunk_tier(over.NT, x.HV), SPAN=x.span, **_shape(x))
 
 
@@ -915,12 +925,12 @@ def chunk_gdn(
     if lay.NT:
         grid = (lay.NT * x.HV,)
         beta_f = ws.beta if x.raw else x.beta
-        _chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.cu_seqlens,
+        _chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.seq_bounds,
                                  lay.chunk_indices, HV=x.HV, BT=CHUNK, RAW_GATE=x.raw, num_warps=1)
-        _chunk_kkt_solve_kernel[grid](x.k, beta_f, ws.gc, ws.A_diag, ws.Ai, lay.cu_seqlens, lay.chunk_indices,
+        _chunk_kkt_solve_kernel[grid](x.k, beta_f, ws.gc, ws.A_diag, ws.Ai, lay.seq_bounds, lay.chunk_indices,
                                       H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee,
                                       num_warps=4, num_stages=1)
-        _chunk_wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.cu_seqlens, lay.chunk_indices,
+        _chunk_wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.seq_bounds, lay.chunk_indices,
                                H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, _tile_width(x.V)),
                                L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
     _state_and_output(x, _chunk_state_kernel, fuse_output=False, output_final_state=output_final_state)

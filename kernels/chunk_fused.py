@@ -20,10 +20,12 @@ Two or three launches instead of five, and W and U never stored:
      pass, which then has its own candidate list: one launch less and no h / v_new round trip, paid for
      with Q K^T recomputed once per V-block and no parallelism over chunks.
 
-For one long sequence (``pipeline``, default: see PIPELINE_MIN_CHUNKS) the three run group by group on
-three streams (``PipelineLayout``): the walk (the state pass, 128 latency-bound programs at qwen3-next's
-heads, leaving most of the GPU idle) goes on through group g while group g + 1's prep kernel and group
-g - 1's output pass fill the rest; 1.05-1.08x at B=1 T >= 8192 on an H100.
+For long sequences with the output pass on its own (``pipeline``, default: see PIPELINE_MIN_CHUNKS) the
+three run group by group on three streams (``PipelineLayout``: chunks [g * G, (g + 1) * G) of every
+sequence in group g): the walk (the state pass, 128 latency-bound programs for one sequence at
+qwen3-next's heads, leaving most of the GPU idle) goes on through group g while group g + 1's prep
+kernel and group g - 1's output pass fill the rest; 1.05-1.08x at B=1 T >= 8192 on an H100. With the
+output fused into the walk (many walks, which fill the GPU) it was slower, so it is not the default there.
 
 What each should buy on Hopper: (1) ``chunk``'s (a) and (b) less a launch and the gc re-read. (2) Against
 storing W and U (the prep kernel then took V and two more dots, and held 212 registers at K = V = 128,
@@ -128,11 +130,11 @@ _output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES)
 
 @triton.autotune(configs=PREP_CONFIGS, key=["K", "chunk_tier"])
 @triton.jit
-def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seqlens, chunk_indices, chunk_tier,
+def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
                        RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
     i_c, i_h, _ = _chunk_program(HV, 1)
-    bos, i_t, n_tok = _chunk_bounds(cu_seqlens, chunk_indices, i_c)
+    bos, i_t, n_tok = _chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     b_gc, b_beta = _gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
@@ -142,26 +144,34 @@ def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, cu_seql
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """One sequence's chunks in groups of an even number, for a pipelined call: group g's walk (the
-    state pass, on a high-priority stream) waits only for group g's prep kernel, which ran beside group
-    g - 1's walk, and group g's output pass runs as soon as its walk is done, beside the next walk. A
-    walk hands its state to the next group's through an fp32 buffer, the values it kept in registers, so
-    the results are those of one walk. Built on the host once (reads cu_seqlens), outside timed calls."""
+    """A batch's chunks in groups, for a pipelined call: group g takes chunks [g * chunks, (g + 1) * chunks)
+    of every sequence (an even number, so that no pair of the output pass straddles two groups; empty
+    for sequences already done). Group g's walk (the state pass, on a high-priority stream) waits only
+    for group g's prep kernel, which ran beside group g - 1's walk, and group g's output pass (unless the
+    output is fused into the walk) runs as soon as its walk is done, beside the next walk. A walk hands
+    each sequence's state to the next group's through an fp32 buffer, the values it kept in registers,
+    so the results are those of one walk. Built on the host once, outside timed calls."""
 
-    tokens: int  # the sequence's
-    groups: tuple[tuple[ChunkLayout, int], ...]  # each group's tokens as a layout, and its first chunk
+    spans: tuple[tuple[int, int], ...]  # the batch's sequences, as in its ChunkLayout
+    groups: tuple[ChunkLayout, ...]
 
     @classmethod
     def build(cls, layout: ChunkLayout, chunks: int) -> PipelineLayout:
-        if layout.N != 1:
-            raise ValueError(f"a pipeline cuts one sequence, the layout has {layout.N}")
-        if chunks < 2 or chunks % 2:  # a pair of chunks (output_span 2) must not straddle two groups
+        if chunks < 2 or chunks % 2:
             raise ValueError(f"a pipeline group takes an even number of chunks, got {chunks}")
-        start, end = layout.cu_seqlens.tolist()
-        span = chunks * CHUNK
-        return cls(tokens=end - start, groups=tuple(
-            (ChunkLayout.from_bounds([t, min(t + span, end)], layout.tokens, layout.cu_seqlens.device), i * chunks)
-            for i, t in enumerate(range(start, end, span))))
+        span, device = chunks * CHUNK, layout.seq_bounds.device
+        return cls(spans=layout.spans, groups=tuple(
+            ChunkLayout.from_spans([(min(s + t, e), min(s + t + span, e)) for s, e in layout.spans], layout.tokens,
+                                   device)
+            for t in range(0, layout.max_len, span)))
+
+    def firsts(self, span: int) -> list[int]:
+        """Each group's first block of ``span`` chunks in the batch's numbering (groups in turn, each
+        sequence-major): where its chunks' scratch and entering states sit in the workspace."""
+        firsts = [0]
+        for group in self.groups[:-1]:
+            firsts.append(firsts[-1] + group.blocks(span)[0])
+        return firsts
 
 
 _STREAMS: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]] = {}
@@ -183,30 +193,34 @@ def _prep(x: _Args, over: ChunkLayout, first_chunk: int = 0) -> None:
     if over.NT:
         _chunk_prep_kernel[(over.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,
-            over.cu_seqlens, over.chunk_indices, chunk_tier(over.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK,
+            over.seq_bounds, over.chunk_indices, chunk_tier(over.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK,
             BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
 
 
-def _pipelined(x: _Args, pipe: PipelineLayout, output_final_state: bool) -> None:
+def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_state: bool) -> None:
     """Prep, walk and output pass group by group (see PipelineLayout); on a GPU the three run on their
     own streams, forked from and joined back into the caller's (CUDA-graph capturable)."""
     ws, last = x.ws, len(pipe.groups) - 1
+    chunk_firsts, block_firsts = pipe.firsts(1), pipe.firsts(x.span)
+
+    def prep(g: int) -> None:
+        _prep(x, pipe.groups[g], chunk_firsts[g])
 
     def walk(g: int) -> None:
-        over, first = pipe.groups[g]
         ht = (ws.final_state if output_final_state else None) if g == last else ws.handoff[g % 2]
-        _state_pass(x, _chunk_state_kernel, over, x.h0 if g == 0 else ws.handoff[(g - 1) % 2], ht,
-                    h=ws.h[first // x.span:])
+        h = None if fuse_output else ws.h[block_firsts[g]:]
+        _state_pass(x, _state_kernel if fuse_output else _chunk_state_kernel, pipe.groups[g],
+                    x.h0 if g == 0 else ws.handoff[(g - 1) % 2], ht, fuse=fuse_output, h=h)
 
     def output(g: int) -> None:
-        over, first = pipe.groups[g]
-        _output_pass(x, _output_kernel(x.span), over, h=ws.h[first // x.span:])
+        _output_pass(x, _output_kernel(x.span), pipe.groups[g], h=ws.h[block_firsts[g]:])
 
     if x.q.device.type != "cuda":
         for g in range(last + 1):
-            _prep(x, *pipe.groups[g])
+            prep(g)
             walk(g)
-            output(g)
+            if not fuse_output:
+                output(g)
         return
     main = torch.cuda.current_stream(x.q.device)
     streams = walk_s, prep_s, out_s = _pipeline_streams(x.q.device)
@@ -214,45 +228,57 @@ def _pipelined(x: _Args, pipe: PipelineLayout, output_final_state: bool) -> None
         s.wait_stream(main)
     prepped = {g: torch.cuda.Event() for g in range(1, last + 1)}  # group 0's prep runs on the walk's stream
     with torch.cuda.stream(walk_s):
-        _prep(x, *pipe.groups[0])
+        prep(0)
     with torch.cuda.stream(prep_s):
         for g, event in prepped.items():
-            _prep(x, *pipe.groups[g])
+            prep(g)
             event.record()
     for g in range(last + 1):
-        walked = torch.cuda.Event()
         with torch.cuda.stream(walk_s):
             if g:
                 walk_s.wait_event(prepped[g])
             walk(g)
-            walked.record()
-        with torch.cuda.stream(out_s):
-            out_s.wait_event(walked)
-            output(g)
+        if not fuse_output:
+            walked = torch.cuda.Event()
+            walked.record(walk_s)
+            with torch.cuda.stream(out_s):
+                out_s.wait_event(walked)
+                output(g)
     for s in streams:
         main.wait_stream(s)
 
 
-# When one sequence's call is pipelined by default (pipeline_default), and in groups of how many chunks:
-# a quarter of its chunks, even, 32 to 128. Forced on an H100 (chunk_fused_sweep pipeline, interleaved,
-# graph replay, us; one call, then groups of 16 / 32 / 64 / 128 chunks), qwen3-next B=1: T=4096 194.4 vs
-# 196.4 / 212.1 / 194.2 / 194.4; T=8192 370.4 vs 363.0 / 351.9 / 380.6 / 370.0; T=16384 717.3 vs 695.0 /
-# 670.9 / 661.4 / 720.7; T=32768 1403.6 vs 1342.9 / 1313.6 / 1293.2 / 1281.4; T=65536 2763.1 vs 2656.6 /
-# 2595.2 / 2566.3 / 2538.4. Measured at HV = 32 only, hence the floor on chunk-heads.
-PIPELINE_MIN_CHUNKS = 128  # NT of the one sequence
+# When a call is pipelined by default (pipeline_default), and in groups of how many chunks: its output pass
+# runs on its own (the walks with the output fused in lost, below), its longest sequence has at least 128
+# chunks (one sequence) or 256 (several), and it has 4,096 chunk-heads; groups of a quarter of the longest
+# sequence's chunks, even, 32 to 128. Forced on an H100 (chunk_fused_sweep pipeline, interleaved, graph
+# replay, us; one call, then groups of 16 / 32 / 64 / 128 chunks), qwen3-next B=1: T=4096 194.4 vs 196.4 /
+# 212.1 / 194.2 / 194.4; T=8192 370.4 vs 363.0 / 351.9 / 380.6 / 370.0; T=16384 717.3 vs 695.0 / 670.9 /
+# 661.4 / 720.7; T=32768 1403.6 vs 1342.9 / 1313.6 / 1293.2 / 1281.4; T=65536 2763.1 vs 2656.6 / 2595.2 /
+# 2566.3 / 2538.4. Several sequences (groups of 32 / 64 / 128; longest sequence in chunks): varlen N=4
+# T=32768 (285) 1312.4 vs 1310.4 / 1249.0 / 1255.0, N=2 T=32768 (483) 1367.2 vs 1383.4 / 1312.1 / 1315.2,
+# N=8 T=65536 (393) 2575.7 vs 2567.5 / 2487.9 / 2451.3, B=2 T=16384 HV=16 (256) 732.2 vs 714.0 / 682.9 /
+# 734.3; but N=3 T=16384 (136) 650.3 vs 652.0 / 641.5 / 652.3 and B=2 T=8192 HV=16 (128) 379.5 vs 369.6 /
+# 387.4 / 379.2, each 0.96-0.97x in a revision_ab at their default groups of 32. With the output fused in
+# (a prep kernel beside the walk holds the SMs that its next group's programs wait for; groups of 16 / 32
+# / 64), B=4 T=8192 837.8 vs 1084.8 / 1001.2 / 929.2, B=2 T=16384 1164.6 vs 1386.5 / 1326.7 / 1307.5.
+# Measured at HV = 16 and 32 only, hence the floor on chunk-heads.
+PIPELINE_MIN_CHUNKS = 128  # of the one sequence
+PIPELINE_MIN_CHUNKS_SEVERAL = 256  # of the longest of several
 PIPELINE_MIN_CHUNK_HEADS = 4096  # NT * HV
 PIPELINE_GROUP_CHUNKS = (32, 128)  # the least and the most chunks per group
 
 
 def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: SegmentLayout | None = None
                      ) -> int | None:
-    """Chunks per pipeline group by default (see PIPELINE_MIN_CHUNKS), or None for one call: for one
-    long sequence whose output pass runs on its own."""
-    if layout.N != 1 or fuse_output or segments is not None or layout.NT < PIPELINE_MIN_CHUNKS or \
-            layout.NT * HV < PIPELINE_MIN_CHUNK_HEADS:
+    """Chunks per pipeline group by default (see PIPELINE_MIN_CHUNKS), or None for one call: for long
+    sequences whose output pass runs on its own."""
+    chunks = triton.cdiv(layout.max_len, CHUNK)  # the longest walk
+    min_chunks = PIPELINE_MIN_CHUNKS if layout.N == 1 else PIPELINE_MIN_CHUNKS_SEVERAL
+    if fuse_output or segments is not None or chunks < min_chunks or layout.NT * HV < PIPELINE_MIN_CHUNK_HEADS:
         return None
     least, most = PIPELINE_GROUP_CHUNKS
-    return min(max(layout.NT // 4 // 2 * 2, least), most)
+    return min(max(chunks // 4 // 2 * 2, least), most)
 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
@@ -305,23 +331,22 @@ def chunk_fused_gdn(
     the chunk-parallel state pass instead of one walk over each sequence's chunks. output_span: chunks
     per output-pass block, 1 or 2 (the state is stored once per block; a workspace allocated with the
     same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
-    pipeline (``PipelineLayout.build``, one sequence): prep, walk and output pass group by group,
-    overlapped on three streams (a workspace allocated with ``pipeline=True``); never with the output
-    fused in or with segments.
+    pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
+    output fused in) group by group, overlapped on their own streams (a workspace allocated with
+    ``pipeline=True``); never with segments.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K = v.shape[2], q.shape[3]
     fuse = fuse_output_default(lay, HV, K, segments) if fuse_output is None else fuse_output
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
-    if pipeline is not None and (fuse or segments is not None or lay.N != 1 or pipeline.tokens != lay.max_len):
-        raise ValueError("a pipeline cuts this call's one sequence and runs the output pass (not fused in), "
-                         "without segments")
+    if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):
+        raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
                pipeline=pipeline is not None)
     if pipeline is not None:
-        _pipelined(x, pipeline, output_final_state)
+        _pipelined(x, pipeline, fuse, output_final_state)
     else:
         _prep(x, lay)
         _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,

@@ -67,7 +67,8 @@ KERNEL_CASES = [
     make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
     # decays near 1 (gate_norm 100): a state carries across many chunks, so the chunk-parallel pass's
     # transitions are far from 0 and its scan is what gets the states right
-    make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 140], K=16, V=16, gate_norm=100, h0=True),
+    # (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
+    make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 270], K=16, V=16, gate_norm=100, h0=True),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
@@ -106,24 +107,23 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps)
         segments = chunk.SegmentLayout.build(layout, 1)
         # pairs: the output pass over pairs of chunks (the output never fused in); pipe: that, pipelined in
-        # groups of two chunks (one sequence only)
-        for variant, stages in (("chunk", True), ("fused", False), ("cp", False), ("pairs", False), ("pipe", False)):
-            if variant == "pipe" and layout.N != 1:
-                results[(case["name"], variant)] = {"skip": "a pipeline cuts one sequence"}
-                continue
+        # groups of two chunks of every sequence; pipe-out: pipelined with the output fused into the walk
+        variants = (("chunk", True), ("fused", False), ("cp", False), ("pairs", False), ("pipe", False),
+                    ("pipe-out", False))
+        for variant, stages in variants:
             span = 2 if variant in ("pairs", "pipe") else 1
-            fuse = variant in ("fused", "cp") and case["fuse_output"]
+            fuse = (variant in ("fused", "cp") and case["fuse_output"]) or variant == "pipe-out"
             try:
+                pipe = chunk_fused.PipelineLayout.build(layout, 2) if variant.startswith("pipe") else None
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw, fuse_output=fuse,
                                                    final_state=kw["output_final_state"],
                                                    segments=segments if variant == "cp" else None, output_span=span,
-                                                   pipeline=variant == "pipe")
+                                                   pipeline=pipe is not None)
                 for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
                              "seg_init", "handoff"):
                     if getattr(ws, name) is not None:
                         getattr(ws, name).fill_(float("nan"))
                 out = torch.full_like(v, float("nan"))
-                pipe = chunk_fused.PipelineLayout.build(layout, 2) if variant == "pipe" else None
                 saved = torch.Tensor.item, torch.Tensor.tolist
                 # no .item() / .tolist() in a call with a prebuilt layout (graph capture)
                 torch.Tensor.item = torch.Tensor.tolist = no_host_sync
@@ -139,6 +139,8 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "h_offsets": layout.blocks(span)[2]}
                 res.update({name: getattr(ws, name) for name in STAGES})
+                if variant == "pipe":  # h holds the groups in turn: back to the batch's sequence-major order
+                    res["h"] = ws.h[_sequence_major(pipe, span)]
             except Exception as e:  # reported by the test of that case
                 res = {"error": f"{type(e).__name__}: {e}"}
             results[(case["name"], variant)] = res
@@ -149,6 +151,17 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:], "s": time.perf_counter() - t0}
     torch.save(results, outputs)
+
+
+def _sequence_major(pipe, span: int) -> list[int]:
+    """The workspace's blocks of a pipelined call (PipelineLayout: group by group, each sequence-major) in
+    the order of one call's (sequence by sequence, its groups in turn)."""
+    order = []
+    for n in range(len(pipe.spans)):
+        for group, first in zip(pipe.groups, pipe.firsts(span)):
+            offsets = group.blocks(span)[2]
+            order += range(first + int(offsets[n]), first + int(offsets[n + 1]))
+    return order
 
 
 def guard_rounds(chunk, chunk_fused) -> int:
@@ -217,7 +230,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
 
                     def guarded_layout(x):
                         return chunk.ChunkLayout(N=x.N, NT=x.NT, max_len=x.max_len, tokens=x.tokens,
-                                                 cu_seqlens=guarded(x.cu_seqlens),
+                                                 spans=x.spans, seq_bounds=guarded(x.seq_bounds),
                                                  chunk_indices=guarded(x.chunk_indices),
                                                  chunk_offsets=guarded(x.chunk_offsets), NP=x.NP,
                                                  pair_indices=guarded(x.pair_indices),
@@ -229,7 +242,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
-                    args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else lay.cu_seqlens
+                    args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else guarded(kw["cu_seqlens"])
                     f32, dt, BT = torch.float32, q.dtype, B * T
                     ws = chunk.ChunkWorkspace(
                         gc=guarded(shape=(BT, HV), dtype=f32),
@@ -350,7 +363,7 @@ def test_kernel_compiles_for_sm90(D, index):
     module, name, const, warps = _compile_specs(D)[index]
     fn = getattr(importlib.import_module(f"gdnbench_kernels.{module}"), name)
     ptr = dict(q="bf16", k="bf16", v="bf16", beta="bf16", a="bf16", b="bf16", Ai="bf16", W="bf16", U="bf16", h="bf16",
-               v_new="bf16", o="bf16", cu_seqlens="i64", chunk_indices="i32", h_offsets="i32", block_indices="i32",
+               v_new="bf16", o="bf16", seq_bounds="i64", chunk_indices="i32", h_offsets="i32", block_indices="i32",
                seg_offsets="i32")
     scalars = {"scale": "fp32", "state_tier": "i32", "chunk_tier": "i32"}
     sig = {arg: "constexpr" if arg in const else scalars.get(arg) or f"*{ptr.get(arg, 'fp32')}" for arg in fn.arg_names}
@@ -375,18 +388,20 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "pairs", "pipe"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "pairs", "pipe", "pipe-out"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
     kw = case["kw"]
     got = interpreted[(name, variant)]
-    if "skip" in got:
-        pytest.skip(got["skip"])
     assert "error" not in got, got.get("error")
-    if variant == "pipe":  # the hand-off between groups keeps the walk's fp32 state: the same results
+    # the hand-off between groups keeps the walk's fp32 state: a pipelined call's results are one call's
+    if variant == "pipe":
         pairs = interpreted[(name, "pairs")]
         assert torch.equal(got["o"], pairs["o"]) and torch.equal(got["h"], pairs["h"])
+        assert got["final"] is None or torch.equal(got["final"], pairs["final"])
+    if variant == "pipe-out" and case["fuse_output"]:
+        assert torch.equal(got["o"], interpreted[(name, "fused")]["o"])
     o_ref, final_ref, ref = references(kw)
     dt = kw["q"].dtype
     o = got["o"]
@@ -402,7 +417,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     flat = {"gc": ref.gc, "Ai": ref.A_inv if variant == "chunk" else ref.A_inv_beta, "W": ref.W, "U": ref.U,
             "v_new": ref.v_new}
     expect = {"gc", "Ai"} | ({"W", "U"} if variant == "chunk" else set())
-    if not (variant in ("fused", "cp") and case["fuse_output"]):
+    if not (variant in ("fused", "cp") and case["fuse_output"]) and variant != "pipe-out":
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -526,7 +541,7 @@ def test_layout_lists_chunks_per_sequence():
     assert lay.NP == 4 and lay.pair_indices.tolist() == [[0, 0], [2, 0], [3, 0], [3, 1]]
     assert lay.blocks(2)[2].tolist() == [0, 1, 1, 2, 4] and lay.blocks(1)[0] == 5
     padded = ChunkLayout.build(3, 65, None, CPU)
-    assert padded.cu_seqlens.tolist() == [0, 65, 130, 195] and padded.NT == 6
+    assert padded.seq_bounds.tolist() == [[0, 65], [65, 130], [130, 195]] and padded.NT == 6
     with pytest.raises(ValueError, match="end at T=200"):
         ChunkLayout.build(1, 200, torch.tensor([0, 70, 190]), CPU)
 
@@ -536,15 +551,15 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
 
     lay = chunk.ChunkLayout.build(1, 400, torch.tensor([0, 130, 130, 194, 400]), CPU)
     seg = chunk.SegmentLayout.build(lay, 2)  # 128 tokens a segment; the empty sequence gets none
-    assert seg.layout.cu_seqlens.tolist() == [0, 128, 130, 194, 322, 400]
+    assert seg.layout.spans == ((0, 128), (128, 130), (130, 194), (194, 322), (322, 400))
     assert seg.seg_offsets.tolist() == [0, 2, 2, 3, 5]
     # a segment's chunks keep their global numbers, where the output pass finds their states
     assert seg.layout.chunk_offsets.tolist() == [0, 2, 3, 4, 6, 8] and lay.chunk_offsets.tolist() == [0, 3, 3, 4, 8]
     with pytest.raises(ValueError, match="at least one chunk"):
         chunk.SegmentLayout.build(lay, 0)
     kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]
-    lay = chunk.ChunkLayout.build(1, 334, kw["cu_seqlens"], CPU)
-    other = chunk.ChunkLayout.build(1, 334, torch.tensor([0, 334]), CPU)
+    lay = chunk.ChunkLayout.build(1, 464, kw["cu_seqlens"], CPU)
+    other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
     with pytest.raises(ValueError, match="must cut this batch's layout"):
         chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
 
@@ -634,7 +649,9 @@ def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
     (1, 65536, 32, False, 128),  # at most 128
     (1, 8192, 4, False, None),  # few heads: not measured
     (1, 8192, 32, True, None),  # the output folded into the walk
-    (2, 8192, 32, False, None),  # one sequence only
+    (2, 8192, 32, False, None),  # several sequences: from 256 chunks
+    (2, 16384, 16, False, 64),  # a quarter of the longest one's chunks
+    (4, 8192, 32, True, None),  # the output folded into the walks: measured slower
 ])
 def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks):
     from gdnbench_kernels import chunk, chunk_fused
@@ -642,17 +659,29 @@ def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks)
     assert chunk_fused.pipeline_default(chunk.ChunkLayout.build(B, T, None, CPU), HV, fuse) == chunks
 
 
-def test_a_pipeline_cuts_one_sequence_into_groups():
+def test_a_pipeline_cuts_every_sequence_into_groups():
     from gdnbench_kernels import chunk, chunk_fused
 
     pipe = chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 2)
-    assert [(over.cu_seqlens.tolist(), first, over.NT, over.NP) for over, first in pipe.groups] == [
-        ([0, 128], 0, 2, 1), ([128, 256], 2, 2, 1), ([256, 300], 4, 1, 1)]
-    assert pipe.tokens == 300 and all(over.tokens == 300 for over, _ in pipe.groups)
-    with pytest.raises(ValueError, match="cuts one sequence"):
-        chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(2, 300, None, CPU), 2)
+    assert [(over.spans, over.NT, over.NP) for over in pipe.groups] == [
+        (((0, 128),), 2, 1), (((128, 256),), 2, 1), (((256, 300),), 1, 1)]
+    assert pipe.firsts(1) == [0, 2, 4] and pipe.firsts(2) == [0, 1, 2]
+    assert all(over.tokens == 300 for over in pipe.groups)
+    # several sequences: group g takes chunks 2g, 2g + 1 of each, empty once a sequence is done; the
+    # groups' blocks follow one another (a sequence's last pair may hold one chunk)
+    lay = chunk.ChunkLayout.build(1, 400, torch.tensor([0, 130, 130, 194, 400]), CPU)
+    pipe = chunk_fused.PipelineLayout.build(lay, 2)
+    assert [over.spans for over in pipe.groups] == [((0, 128), (130, 130), (130, 194), (194, 322)),
+                                                    ((128, 130), (130, 130), (194, 194), (322, 400))]
+    assert [over.NT for over in pipe.groups] == [5, 3] and pipe.firsts(1) == [0, 5] and pipe.firsts(2) == [0, 3]
+    assert sum(over.NT for over in pipe.groups) == lay.NT and sum(over.NP for over in pipe.groups) == lay.NP
     with pytest.raises(ValueError, match="even number of chunks"):
         chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 3)
+    kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]
+    lay = chunk.ChunkLayout.build(1, 464, kw["cu_seqlens"], CPU)
+    other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
+    with pytest.raises(ValueError, match="cuts this call's sequences"):
+        chunk_fused.chunk_fused_gdn(**kw, layout=lay, pipeline=chunk_fused.PipelineLayout.build(other, 2))
 
 
 def test_a_workspace_must_fit_the_variant():

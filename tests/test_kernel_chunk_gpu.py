@@ -76,3 +76,42 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
         got = got.double().cpu()
         assert torch.isfinite(got).all()
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("fuse_output", [False, True])
+def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, monkeypatch):
+    """chunk_fused's pipeline (groups of chunks of every sequence on their own streams, forked from and
+    joined into the timed stream) captured and replayed as the harness times it: bitwise one call's
+    results. Unequal sequences, so that later groups hold empty ranges; 5 groups, both hand-off buffers.
+    One config per kernel: a group's autotuner keys (its walk length, its chunks) differ from the call's."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    for kernel in (chunk_fused._chunk_prep_kernel, chunk_fused._state_kernel, chunk._chunk_state_kernel,
+                   chunk._chunk_output_kernel, chunk_fused._output_span2_kernel):
+        monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
+        monkeypatch.setattr(kernel, "cache", {})
+
+    gen = torch.Generator().manual_seed(7)
+    kw, _ = kernel_inputs(gen, B=1, T=1000, H=2, HV=4, K=128, V=128, dtype="bf16", seqs=[620, 64, 316],
+                          raw=False, l2=False, gate_norm=10.0)
+    kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    layout = chunk.ChunkLayout.build(1, 1000, kw["cu_seqlens"], DEVICE)
+    span = 1 if fuse_output else 2
+    results = []
+    for pipe in (None, chunk_fused.PipelineLayout.build(layout, 2)):
+        ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False,
+                                           fuse_output=fuse_output, final_state=True, output_span=span,
+                                           pipeline=pipe is not None)
+        out = torch.full_like(kw["v"], float("nan"))
+
+        def call() -> None:
+            chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
+                                        fuse_output=fuse_output, output_span=span, pipeline=pipe)
+
+        measure(call, device=DEVICE, config=SHORT)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
+        results.append((out.clone(), ws.final_state.clone()))
+    assert len(chunk_fused.PipelineLayout.build(layout, 2).groups) == 5
+    (o1, f1), (o2, f2) = results
+    assert torch.isfinite(o1).all() and torch.equal(o1, o2) and torch.equal(f1, f2)

@@ -8,7 +8,8 @@
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
                several segment sizes, each with the output pass and with the output folded in;
   pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
-               output pass group by group on three streams) at several group sizes, one sequence only.
+               output pass, or the walk with the output fused in, group by group on their own streams)
+               at several group sizes; the output is fused in or not by the kernel's default rule.
 
 A forced config runs as given (the autotuner prunes only among several), BV masked past the head dim.
 Each row also gives the relative difference of its output from the first row's: every config and
@@ -111,8 +112,8 @@ def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes:
 
 def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     _sweep_variants(suite, pattern, device, ["fused"] + [f"groups of {c}" for c in sizes],
-                    lambda p: [_prepare(p, fused=True, fuse_output=False, pipeline_chunks=0)] +
-                    [_prepare(p, fused=True, fuse_output=False, pipeline_chunks=c) for c in sizes])
+                    lambda p: [_prepare(p, fused=True, pipeline_chunks=0)] +
+                    [_prepare(p, fused=True, pipeline_chunks=c) for c in sizes])
 
 
 def main(argv: list[str] | None = None) -> None:

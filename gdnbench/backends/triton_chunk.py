@@ -42,9 +42,10 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks.
     output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``.
-    pipeline_chunks (fused only, one sequence, output not fused in): prep, walk and output pass in groups of
-    that many chunks, overlapped on three streams (``chunk_fused.PipelineLayout``); None: the kernel's
-    default rule (``chunk_fused.pipeline_default``), 0: one call."""
+    pipeline_chunks (fused only, no segments): prep, walk and output pass (or the walk with the output fused
+    in) in groups of that many chunks of every sequence, overlapped on their own streams
+    (``chunk_fused.PipelineLayout``); None: the kernel's default rule (``chunk_fused.pipeline_default``),
+    0: one call."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
