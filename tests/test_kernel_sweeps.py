@@ -32,12 +32,13 @@ def _sweep(*args: str, tool: str = "chunk_fused_sweep", rows: str = "prefill/") 
 @pytest.mark.parametrize("kernel,configs,expect", [
     ("prep", [], len(PREP_CANDIDATES)),  # the shipped candidates, each forced as it is
     ("state", ["-c", "16,4,2", "-c", "64,8,3"], 2),
+    ("walk", ["-c", "16,4,3", "-c", "64,4,2"], 2),
 ])
 def test_every_forced_config_gives_the_same_outputs(kernel, configs, expect):
     rows = _sweep("configs", "smoke", "-k", CASE, "--kernel", kernel, *configs)
     assert len(rows) == expect
     forced = [tuple(map(int, c.split(","))) for c in configs[1::2]] or PREP_CANDIDATES
-    labels = [f"{kernel}[{config_label(config_from(c, block=kernel == 'state'))}]" for c in forced]
+    labels = [f"{kernel}[{config_label(config_from(c, block=kernel != 'prep'))}]" for c in forced]
     assert [re.search(rf"{kernel}\[[^\]]*\]", r).group(0) for r in rows] == labels, rows
     assert all(float(re.search(r"diff (\S+)", r).group(1)) < 1e-6 for r in rows), rows
 

@@ -1,7 +1,8 @@
 """The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
 
   configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve, no
-               block width; ``state``: the state pass with the output fused in) alone, and time the
+               block width; ``state``: the state pass with the output fused in; ``walk``: the state
+               pass without it, as one long sequence and the pipeline run it) alone, and time the
                whole calls interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
@@ -50,16 +51,18 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
                   device: torch.device) -> None:
     from gdnbench_kernels import chunk, chunk_fused
 
-    kernel, shipped = ((chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES) if kernel_name == "prep"
-                       else (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES))
-    forced = [[chunk.config_from(c, block=kernel_name == "state")] for c in configs or shipped]
+    kernel, shipped = {"prep": (chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES),
+                       "state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
+                       "walk": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES)}[kernel_name]
+    fuse_output = {"prep": None, "state": True, "walk": False}[kernel_name]  # None: the default rule's
+    forced = [[chunk.config_from(c, block=kernel_name != "prep")] for c in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
         runs = []
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
-                prepared = _prepare(p, fused=True, fuse_output=True if kernel_name == "state" else None)
+                prepared = _prepare(p, fused=True, fuse_output=fuse_output)
 
             def call(cfg=cfg, prepared=prepared) -> None:
                 with swapped(kernel, configs=cfg, cache={}):
@@ -126,11 +129,12 @@ def main(argv: list[str] | None = None) -> None:
         cmd = sub.add_parser(name, help=help_)
         add_case_arguments(cmd)
         if name == "configs":
-            cmd.add_argument("--kernel", choices=["prep", "state"], default="prep")
+            cmd.add_argument("--kernel", choices=["prep", "state", "walk"], default="prep")
             cmd.add_argument("-c", "--config", type=int_tuple("[BV,]WARPS,STAGES[,MAXNREG]", "64,4,1", (2, 3, 4)),
                              action="append", help="a config to force, WARPS,STAGES[,MAXNREG] for prep and "
-                                                   "BV,WARPS,STAGES[,MAXNREG] for state (repeatable; default: "
-                                                   "the shipped candidates; MAXNREG caps registers per thread)")
+                                                   "BV,WARPS,STAGES[,MAXNREG] for state and walk (repeatable; "
+                                                   "default: the shipped candidates; MAXNREG caps registers "
+                                                   "per thread)")
         if name == "segments":
             cmd.add_argument("-s", "--segment-chunks", type=int, action="append",
                              help="chunks per segment (repeatable; default: 16, 32, 64)")
