@@ -96,7 +96,9 @@ FUSE_OUTPUT_MAX_UNEQUAL_LEN = 512  # tokens of the longest sequence
 # The state pass with the output fused in (fuse_output; without it, chunk's state pass runs). Each of
 # these won somewhere when every config was forced on an H100 (whole call, graph timer, us): B=64 T=64
 # D=128: 81.3 at (64, 4, 1), 89.6 at (32, 4, 2); B=8 T=512 D=128: 70.0 at (64, 8, 3), 74.8 at
-# (64, 4, 2). BV 16 (4 warps) and (32, 8, 2), dropped, were 1.1-1.5x slower everywhere; so were 2 warps.
+# (64, 4, 2). BV 16 (4 warps) and (32, 8, 2), dropped, were 1.1-1.5x slower everywhere; so were 2 warps;
+# and BV 128 (one program a walk, Q K^T once per chunk instead of once per V-block: 8 warps 1.5-2.6x
+# slower on qwen3-next B=4 T=8192 and parity's D = 128 rows, 16 warps 4-9x).
 STATE_CANDIDATES = [(32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 8, 3)]
 STATE_CONFIGS = _configs(STATE_CANDIDATES)
 _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
