@@ -161,6 +161,8 @@ class PipelineLayout:
     def build(cls, layout: ChunkLayout, chunks: int) -> PipelineLayout:
         if chunks < 2 or chunks % 2:
             raise ValueError(f"a pipeline group takes an even number of chunks, got {chunks}")
+        if layout.max_len == 0:
+            raise ValueError("nothing to pipeline: every sequence is empty")
         span, device = chunks * CHUNK, layout.seq_bounds.device
         return cls(spans=layout.spans, groups=tuple(
             ChunkLayout.from_spans([(min(s + t, e), min(s + t + span, e)) for s, e in layout.spans], layout.tokens,

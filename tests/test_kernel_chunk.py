@@ -677,6 +677,8 @@ def test_a_pipeline_cuts_every_sequence_into_groups():
     assert sum(over.NT for over in pipe.groups) == lay.NT and sum(over.NP for over in pipe.groups) == lay.NP
     with pytest.raises(ValueError, match="even number of chunks"):
         chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 3)
+    with pytest.raises(ValueError, match="every sequence is empty"):
+        chunk_fused.PipelineLayout.build(chunk.ChunkLayout.from_spans([(0, 0), (5, 5)], 10, CPU), 2)
     kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]
     lay = chunk.ChunkLayout.build(1, 464, kw["cu_seqlens"], CPU)
     other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
