@@ -227,7 +227,8 @@ def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_s
                 output(g)
         return
     main = torch.cuda.current_stream(x.q.device)
-    streams = walk_s, prep_s, out_s = _pipeline_streams(x.q.device)
+    walk_s, prep_s, out_s = _pipeline_streams(x.q.device)
+    streams = (walk_s, prep_s) if fuse_output else (walk_s, prep_s, out_s)  # forked and joined: the used ones
     for s in streams:
         s.wait_stream(main)
     prepped = {g: torch.cuda.Event() for g in range(1, last + 1)}  # group 0's prep runs on the walk's stream
