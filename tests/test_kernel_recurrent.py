@@ -433,11 +433,10 @@ def test_launcher_rejects_bad_arguments(bad, needle):
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("K, V, BV, warps, mode", [
     (128, 128, 32, 4, {"pool": "fp32"}),
-    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16", "prefetch": True}),
-    (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16", "prefetch": True}),
+    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16"}),
+    (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
     (256, 256, 32, 8, {"ht": True}),
-    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True,
-                       "prefetch": True}),
+    (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True}),
     (128, 128, 32, 4, {"pool": "fp32", "v_first": True, "items": 4}),
 ])
 def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
@@ -453,7 +452,7 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     const = dict(H=2, HV=4, K=K, V=V, BK=triton.next_power_of_2(K), IS_VARLEN=bool(mode.get("varlen")),
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
                  PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
-                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")), PREFETCH=bool(mode.get("prefetch")),
+                 RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")),
                  BV=BV, ITEMS=mode.get("items", 1))
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
