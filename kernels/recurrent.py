@@ -42,8 +42,8 @@ B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one
 The first launch of each key (``tune_key``: K, V, pool, per-token slots, layout, a tier of parallelism
 and of tokens per sequence; plus the argument dtypes) times the candidates side by side
 (``tuning.fastest``: CUDA graphs, interleaved rounds, L2 flushed) and keeps the fastest. On an H100 it
-picked BV 8 / 1 warp for most one-token rows, 16 / 2 for fp32 pools from B=128 (HV=32), 4 items for bf16
-pools at T > 1 (every row's pick is in BENCHMARKS.md). A pool launch is tuned on a scratch copy of its
+picked, for one token, BV 32 / 16 warps (fp32 pools) and 32 / 4 (bf16) at most batch sizes, 8 / 1 or 8 / 2
+at a few small ones, and 4 items for bf16 pools at T > 1 (every row's pick is in BENCHMARKS.md). A pool launch is tuned on a scratch copy of its
 slots, never on the live pool. Under the Triton interpreter there is one config (BV 32, 4 warps, 1 item)
 and no tuning. The config that ran is recorded: ``best_config(tune_key(...))``.
 
