@@ -43,16 +43,16 @@ The first launch of each key (``tune_key``: K, V, pool, per-token slots, layout,
 and of tokens per sequence; plus the argument dtypes) times the candidates side by side
 (``tuning.fastest``: CUDA graphs, interleaved rounds, L2 flushed) and keeps the fastest. On an H100 it
 picked, for one token, BV 32 / 16 warps (fp32 pools) and 32 / 4 (bf16) at most batch sizes, 8 / 1 or 8 / 2
-at a few small ones, and 4 items for bf16 pools at T > 1 (every row's pick is in BENCHMARKS.md). A pool launch is tuned on a scratch copy of its
-slots, never on the live pool. Under the Triton interpreter there is one config (BV 32, 4 warps, 1 item)
+at a few small ones, and 4 items for bf16 pools at T > 1 (every row's pick is in BENCHMARKS.md). A pool
+launch is tuned on a scratch copy of its slots, never on the live pool. Under the Triton interpreter there is one config (BV 32, 4 warps, 1 item)
 and no tuning. The config that ran is recorded: ``best_config(tune_key(...))``.
 
 Inputs are prefetched: token t + 1's are loaded before token t's math and stores, so a sequence waits
 for one load latency instead of one per token (a load after the store of o cannot be moved above it by
 the compiler), and token 0's before the pool slot is read, so that a decode step's input loads overlap
 the slot's and the state's instead of waiting for them. On an H100 (decode suite, one-token rows, A/B
-against the plain loop that one token used to keep) that made decode 1-10% faster, more at small and
-bf16 pools, and left T = 4 unchanged.
+against the plain loop that one token used to keep) that made decode 1-10% faster, most with bf16
+pools, and left T = 4 unchanged.
 
 Register pressure note: the state tile's pointers and masks are rebuilt for the final store rather
 than kept live across the token loop (ptxas, sm_90, K = V = 128, BV 32, 4 warps: 96 registers instead
