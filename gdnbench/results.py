@@ -24,7 +24,8 @@ ROW_COLUMNS = [
     "timer", "l2", "n", "median_us", "p95_us", "min_us", "max_us", "mean_us", "stdev_us", "iqr_us",
     "ci_lo_us", "ci_hi_us", "converged", "baseline", "speedup", "speedup_lo", "speedup_hi",
     "rel_err_o", "max_err_o", "rel_err_state", "max_err_state", "tol_o", "tol_state",
-    "gbytes", "gflop", "gbps", "tflops", "pct_bw", "pct_flops", "warmup_s", "interpreted", "note",
+    "gbytes", "gflop", "gbps", "tflops", "pct_bw", "pct_flops", "copy_us", "pct_copy", "warmup_s", "interpreted",
+    "note",
 ]
 CASE_COLUMNS = [
     "op", "mode", "B", "T", "seq_lens", "num_seqs", "total_tokens", "H", "HV", "K", "V", "dtype",

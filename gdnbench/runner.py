@@ -28,7 +28,7 @@ from gdnbench.interrupts import reraise_interrupt
 from gdnbench.problem import Problem, make_problem
 from gdnbench.results import NOT_RUN
 from gdnbench.suite import Case, Suite
-from gdnbench.timing import Measurement, TimingConfig, measure_interleaved
+from gdnbench.timing import Measurement, TimingConfig, copy_moving, measure_interleaved
 
 
 @dataclass
@@ -40,6 +40,7 @@ class RunOptions:
     dump_dir: Path | None = None
     interleave: bool = False  # time a case's backends in alternation (A B A B ...)
     ceilings: dict[str, float] | None = None  # measured copy GB/s and matmul TFLOP/s
+    copy_reference: bool = False  # time a copy moving each case's bytes beside every backend
 
 
 class BackendTimeout(Exception):
@@ -162,18 +163,30 @@ def _first_call_and_check(prepared: Prepared, p: Problem, ref: Any, suite: Suite
 
 
 def _time(items: list[tuple[dict, Prepared]], case: Case, opts: RunOptions, samples: list[dict]) -> None:
-    """Time the prepared backends (several: in alternation) and fill in their rows and raw samples."""
-    measurements = measure_interleaved([(p.call, p.reset) for _, p in items], device=opts.device,
-                                       config=opts.timing)
+    """Time the prepared backends (several: in alternation) and fill in their rows and raw samples.
+
+    With ``opts.copy_reference`` a copy moving the case's bytes (roofline model) is timed as one more
+    series in the same alternation, so each row's ``pct_copy`` compares it with what a copy achieves at
+    that size under the same timer (launch and ramp included), not only with the 1 GiB copy's rate."""
+    timed = [(p.call, p.reset) for _, p in items]
+    notes = [f"interleaved with {len(items) - 1} other(s)"] if len(items) > 1 else []
+    if opts.copy_reference:
+        try:
+            timed.append((copy_moving(int(roofline.traffic(case)[0]), opts.device), None))
+            notes.append("timed beside a copy of its bytes")
+        except torch.OutOfMemoryError:
+            notes.append("no copy reference: its buffers did not fit")
+    measurements = measure_interleaved(timed, device=opts.device, config=opts.timing)
+    copy = measurements[len(items)] if len(measurements) > len(items) else None
     for (row, _), m in zip(items, measurements):
-        row.update(_timing_columns(m, case, opts))
-        if len(items) > 1:
-            row["note"] = "; ".join(filter(None, [row.get("note"), f"interleaved with {len(items) - 1} other(s)"]))
+        row.update(_timing_columns(m, case, opts, copy))
+        if notes:
+            row["note"] = "; ".join(filter(None, [row.get("note"), *notes]))
         samples.append({"case_id": case.id, "backend": row["backend"], "timer": m.timer, "l2": m.l2,
                         "samples_us": m.samples_us})
 
 
-def _timing_columns(m: Measurement, case: Case, opts: RunOptions) -> dict[str, Any]:
+def _timing_columns(m: Measurement, case: Case, opts: RunOptions, copy: Measurement | None) -> dict[str, Any]:
     s = stats.summarize(m.samples_us)
     lo, hi = stats.median_ci(m.samples_us)
     nbytes, flops = roofline.traffic(case)
@@ -188,6 +201,9 @@ def _timing_columns(m: Measurement, case: Case, opts: RunOptions) -> dict[str, A
         cols["pct_bw"] = 100 * cols["gbps"] / ceil["copy_gbps"]
     if ceil.get("matmul_tflops"):
         cols["pct_flops"] = 100 * cols["tflops"] / ceil["matmul_tflops"]
+    if copy is not None:
+        cols["copy_us"] = stats.summarize(copy.samples_us).median
+        cols["pct_copy"] = 100 * cols["copy_us"] / s.median
     return cols
 
 

@@ -298,17 +298,24 @@ def _median_event_us(fn: Callable[[], object], device: torch.device) -> float:
     return float(np.median(measure(fn, device=device, config=config).samples_us))
 
 
-def _copy_us(nbytes: int, device: torch.device) -> float:
-    """Median time of one device-to-device copy of ``nbytes`` (its buffers are freed on return)."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+def copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
+    """A copy kernel that moves ``nbytes`` in all (reads half, writes half): the memory-bound reference a
+    kernel moving that many bytes is held to. Its buffers live as long as the returned callable.
+
+    An elementwise kernel on the SMs (int32 bitwise NOT: one 4-byte read and write per element), not
+    ``copy_``: CUDA graphs run a captured device-to-device memcpy on the copy engines, which on an H100
+    moved 2.4 TB/s where SM kernels (and an eager memcpy) moved 3.0 (BENCHMARKS.md, twelfth session).
+    """
+    src = torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device=device)
     dst = torch.empty_like(src)
-    return _median_event_us(lambda: dst.copy_(src), device)
+    return lambda: torch.bitwise_not(src, out=dst)
 
 
 def measure_ceilings(device: torch.device) -> dict[str, float]:
     """Roofline ceilings measured on ``device`` (DESIGN.md section 6); {} on CPU.
 
-    ``copy_gbps``: a 1 GiB device-to-device copy, bytes read + written over the median time.
+    ``copy_gbps``: a 1 GiB device-to-device copy (``copy_moving``), bytes read + written over the median
+    time.
     ``matmul_tflops``: an 8192^3 bf16 matmul on random data (zeros run faster than real data).
     """
     device = torch.device(device)
@@ -316,7 +323,7 @@ def measure_ceilings(device: torch.device) -> dict[str, float]:
         return {}
     with torch.cuda.device(device):
         nbytes = 2**30
-        copy_us = _copy_us(nbytes, device)
+        copy_us = _median_event_us(copy_moving(2 * nbytes, device), device)
 
         n = 8192
         a = torch.randn(n, n, device=device, dtype=torch.bfloat16)

@@ -211,6 +211,18 @@ def test_filter_backends_baseline_and_dump(tmp_path):
     assert json.loads((tmp_path / "out" / "run.json").read_text())["seed"] == 5
 
 
+def test_copy_reference_times_a_copy_of_each_cases_bytes_beside_every_backend(tmp_path):
+    suite = write_suite(tmp_path, ["torch.recurrent", "torch.chunk"], cases=[CASES[0], CASES[2]])
+    assert run(suite, "--out", tmp_path / "out", "--copy-reference").exit_code == 0
+    df = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert len(df) == 4 and (df["copy_us"] > 0).all()
+    assert (df["pct_copy"] - 100 * df["copy_us"] / df["median_us"]).abs().max() < 1e-9
+    assert df["note"].str.contains("timed beside a copy of its bytes").all()
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["copy_reference"] is True
+    assert run(suite, "--out", tmp_path / "plain").exit_code == 0
+    assert pd.read_csv(tmp_path / "plain" / "results.csv")["copy_us"].isna().all()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["nope.yaml"], "no shipped suite"),
     (["smoke", "--backends", "torch.nope"], "no backend named 'torch.nope'"),

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from gdnbench.timing import (
+    copy_moving,
     Measurement,
     TimingConfig,
     default_timer,
@@ -139,6 +140,12 @@ def test_config_validation(kw: dict[str, object]) -> None:
 
 def test_ceilings_empty_on_cpu() -> None:
     assert measure_ceilings(CPU) == {}
+
+
+@pytest.mark.parametrize("nbytes", [8, 40, 4104])
+def test_copy_moving_reads_and_writes_half_the_bytes_each(nbytes: int) -> None:
+    dst = copy_moving(nbytes, CPU)()
+    assert dst.element_size() * dst.numel() == nbytes // 2
 
 
 # --- CUDA only (run on a GPU machine; skipped in CPU CI) ---------------------------------

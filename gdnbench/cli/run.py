@@ -58,6 +58,12 @@ def run(
         None, "--interleave/--no-interleave",
         help="Time each case's backends in alternation (A B A B ...) so clock and thermal drift cancel "
              "in their ratio. Default: on when exactly two backends run with a baseline (an A/B run)."),
+    copy_reference: bool = typer.Option(
+        False, "--copy-reference",
+        help="Also time, beside every backend and in alternation with it, a device copy moving the case's "
+             "bytes (the roofline model's): columns copy_us and pct_copy (copy time / backend time). pct_bw "
+             "compares with a 1 GiB copy's rate, which no kernel reaches on a small problem: the timer's "
+             "launch and the ramp weigh more there. Needs room for the copy's buffers."),
     resume: bool = typer.Option(
         False, help="Go on with the unfinished run in --out: the same command again runs only the cases "
                     "it has no complete set of rows for (a case is never split between sessions); "
@@ -110,14 +116,14 @@ def run(
         backend_versions={b.name: b.version() for b in chosen})
     meta.update(seed=seed, backends=names, baseline=base, timing=config.__dict__,
                 reference=suite.reference.model_dump(), tolerances=suite.tolerances.model_dump(),
-                ceilings=ceilings, interleave=interleave, status="running")
+                ceilings=ceilings, interleave=interleave, copy_reference=copy_reference, status="running")
     if earlier is not None:
         # each earlier session's own provenance, and which cases' rows it measured
         meta.update(earlier_sessions=[*earlier.pop("earlier_sessions", []), earlier],
                     cases_from_earlier_sessions=[c.id for c in cases if c.id in done])
     run_dir.write_meta(meta)
     opts = RunOptions(device=dev, timing=config, baseline=base, seed=meta["seed"], dump_dir=dump,
-                      ceilings=ceilings, interleave=interleave)
+                      ceilings=ceilings, interleave=interleave, copy_reference=copy_reference)
 
     todo = [c for c in cases if c.id not in done]
     kept = f" ({len(cases) - len(todo)} kept from the earlier session(s))" if earlier is not None else ""
