@@ -48,6 +48,8 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
         else:
             cands = kern.tuning_candidates(case.K, case.V)
         p = make_problem(case, s.seed, device)
+        written = p.slot_idx.reshape(-1).long() if p.slot_idx is not None else None
+        written = None if written is None else written[written >= 0].unique()  # a pool's touched slots
         # one prepared problem (inputs, pool and its pristine copy) serves every config: a pool of
         # B=512 is 2 GiB, two per config would not fit
         with swapped(kern, CONFIGS=cands[:1], _TUNED={}):
@@ -62,7 +64,7 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
         for _, call in runs:  # each config once, from the initial state, compared with the first config's
             call()
             out = prepared.outputs()
-            state = out.state_pool if out.state_pool is not None else out.final_state
+            state = out.state_pool[written] if out.state_pool is not None else out.final_state
             if ref is None:
                 ref = (out.o.clone(), None if state is None else state.clone())
             diffs.append((rel_diff(out.o, ref[0]), "-" if state is None else f"{rel_diff(state, ref[1]):.1e}"))
