@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from gdnbench.timing import (
-    copy_moving,
     Measurement,
     TimingConfig,
+    copy_moving,
     default_timer,
     measure,
     measure_ceilings,
