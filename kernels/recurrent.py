@@ -447,7 +447,7 @@ def recurrent_gdn(
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
             STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
             L2NORM=qk_l2norm, **cfg.kwargs, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
+            num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
         )
 
     # the argument dtypes select another compiled kernel, so they belong to the key

@@ -66,19 +66,20 @@ def test_a_malformed_config_is_a_usage_error(args, message):
 
 
 def test_every_forced_decode_config_gives_the_same_outputs():
-    """smoke's two decode cases (a scattered fp32 pool; T=2 on a bf16 pool with raw gating), three configs
-    each: one item per program, three (the grid's last program short), two with V-blocks of 8."""
-    rows = _sweep("smoke", "-k", "decode", "-c", "16,4,1", "-c", "16,4,3", "-c", "8,2,2", tool="recurrent_sweep",
-                  rows="decode/")
-    assert len(rows) == 6
-    assert [r.split()[1] for r in rows] == ["16/4x1", "16/4x3", "8/2x2"] * 2
+    """smoke's two decode cases (a scattered fp32 pool; T=2 on a bf16 pool with raw gating), four configs
+    each: one item per program, three (the grid's last program short), two with V-blocks of 8, and one with
+    a register cap (which the interpreter ignores)."""
+    rows = _sweep("smoke", "-k", "decode", "-c", "16,4,1", "-c", "16,4,3", "-c", "8,2,2", "-c", "16,4,1,64",
+                  tool="recurrent_sweep", rows="decode/")
+    assert len(rows) == 8
+    assert [r.split()[1] for r in rows] == ["16/4x1", "16/4x3", "8/2x2", "16/4x1r64"] * 2
     assert all(float(x) < 1e-6 for r in rows for x in r.split()[-2:]), rows
 
 
 def test_a_malformed_decode_config_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.recurrent_sweep", "smoke", "-c", "8,1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and "expected BV,WARPS,ITEMS" in run.stderr
+    assert run.returncode == 2 and "expected BV,WARPS,ITEMS[,MAXNREG]" in run.stderr
 
 IN_GIT = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
 needs_git = pytest.mark.skipif(not IN_GIT, reason="revision_ab reads kernels/ from the repository's git history")

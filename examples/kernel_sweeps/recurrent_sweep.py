@@ -44,7 +44,8 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
             print(f"{case.id}  SKIP: {reason}")
             continue
         if configs:
-            cands = [triton.Config({"BV": bv, "ITEMS": items}, num_warps=w, num_stages=2) for bv, w, items in configs]
+            cands = [triton.Config({"BV": c[0], "ITEMS": c[2]}, num_warps=c[1], num_stages=2,
+                                   maxnreg=c[3] if len(c) > 3 else None) for c in configs]
         else:
             cands = kern.tuning_candidates(case.K, case.V)
         p = make_problem(case, s.seed, device)
@@ -74,15 +75,17 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
                                  config=sweep_timing(device))
         medians = [float(np.median(m.samples_us)) for m in ms]
         for (c, _), t, (d_o, d_state) in zip(runs, medians, diffs):
-            print(f"{case.id}  {c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}  {t:9.1f}  {t / min(medians):.3f}"
+            cap = f"r{c.maxnreg}" if c.maxnreg else ""
+            print(f"{case.id}  {c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}{cap}  {t:9.1f}  {t / min(medians):.3f}"
                   f"  {d_o:.1e}  {d_state}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = tool_parser(__doc__)
     add_case_arguments(parser)
-    parser.add_argument("-c", "--config", type=int_tuple("BV,WARPS,ITEMS", "8,1,4"), action="append",
-                        help="BV,WARPS,ITEMS to force (repeatable; default: the shipped candidates)")
+    parser.add_argument("-c", "--config", type=int_tuple("BV,WARPS,ITEMS[,MAXNREG]", "8,1,4", lengths=(3, 4)),
+                        action="append", help="BV,WARPS,ITEMS[,MAXNREG] to force, MAXNREG a register cap per "
+                                              "thread (repeatable; default: the shipped candidates)")
     args = parser.parse_args(argv)
     sweep(args.suite, args.filter, args.config, torch.device(args.device))
 
