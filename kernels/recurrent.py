@@ -43,8 +43,8 @@ Several items per program let a program's stores drain while its next item loads
 put "drain" (warps waiting at exit for their stores) first among the stalls of the 1-item kernel at
 B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one token prefers 1.
 
-The first launch of each key (``tune_key``: K, V, pool, per-token slots, layout, a tier of parallelism
-and of tokens per sequence; plus the argument dtypes) times the candidates side by side
+The first launch of each key (``tune_key``: K, V, pool, per-token slots, layout, GVA ratio, a tier of
+parallelism and of tokens per sequence; plus the argument dtypes) times the candidates side by side
 (``tuning.fastest``: CUDA graphs, interleaved rounds, L2 flushed) and keeps the fastest. On an H100 it
 picked, for one token, BV 32 / 16 warps (fp32 pools) and 32 / 4 (bf16) at most batch sizes, 8 / 1 or 8 / 2
 at a few small ones, and 4 items for bf16 pools at T > 1 (every row's pick is in BENCHMARKS.md). A pool
@@ -345,24 +345,27 @@ _CHOSEN: dict[tuple, dict] = {}  # tune_key -> config of the latest launch with 
 _TUNED: dict[tuple, triton.Config] = {}  # (tune_key, argument dtypes) -> the fastest candidate
 
 
-TuneKey = tuple[int, int, bool, bool, bool, int]
+TuneKey = tuple[int, int, bool, bool, bool, int, int]
 
 
-def tune_key(K: int, V: int, *, pool: bool, N: int, HV: int, T: int, per_token: bool = False,
+def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, T: int, per_token: bool = False,
              v_first: bool = False) -> TuneKey:
-    """The tuning key of a launch: (K, V, pool, per-token slots, V-first state, tier).
+    """The tuning key of a launch: (K, V, pool, per-token slots, V-first state, GVA ratio HV // H, tier);
+    T is the tokens per sequence (a varlen batch's mean).
 
     The tier folds the parallelism of N * HV heads (< 64, < 512, < 4096, more: small decode batches
     want many narrow programs, large ones wide blocks) with the tokens per sequence (1, 2, more: a token
     loop's serial reductions favour fewer warps): tier = heads tier + 4 * tokens tier. A key's first
     launch picks the config for every launch with that key, so one key must not span shapes whose best
     configs differ: on an H100, T=2 and T=4 at B=256 (HV=32) ran fastest at (64, 4) and (8, 1), 9% and
-    16% apart, and the old tier (T > 1) kept whichever came first.
+    16% apart, and the old tier (T > 1) kept whichever came first. Likewise the GVA ratio: at T=2 with
+    fp32 pools, B=64 and B=256 with HV=16 = H ran 17% and 15% slower with the (16, 4) that B=64 and
+    B=256 with HV=32 = 2H had picked (each in the same heads tier) than with their own picks.
     """
     heads = N * HV
     heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3
     tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
-    return (K, V, bool(pool), bool(per_token), bool(v_first), heads_tier + 4 * tokens_tier)
+    return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
 
 
 def best_config(key: TuneKey) -> dict | None:
@@ -464,7 +467,8 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    key = tune_key(K, V, pool=is_pool, N=N, HV=HV, T=T, per_token=per_token, v_first=v_first)
+    key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, T=T if cu_seqlens is None else T // N, per_token=per_token,
+                   v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
 
