@@ -27,9 +27,9 @@ Options (all compile-time switches of one kernel):
   * fused gating (``gating: raw``): g = -exp(A_log[h]) * softplus(a + dt_bias[h]) (softplus linear above
     20, as torch) and beta = sigmoid(b), from a, b [B, T, HV] and A_log, dt_bias [HV]. Compiled, these
     use the hardware's approximate log and division (log1p's series for tiny arguments), relative error
-    about 1e-5 on g; the interpreter, which has no libdevice, computes them exactly. That took a
-    sixth of the raw-gating token loop's instructions out (sm_90 SASS, T > 1) and made bf16-pool rows at
-    T = 4 3-7% faster on an H100.
+    about 1e-5 on g; the interpreter, which has no libdevice, computes them exactly. That took 7-9% of
+    the raw-gating token loop's instructions out (sm_90 SASS, T > 1) and made bf16-pool rows at T = 4
+    3-7% faster on an H100.
 
 State layout: K-first or V-first (``v_first``). On an H100 (decode on a pool, HV=32, K=V=128, CUDA
 graphs, triton 3.6) V-first was faster in every case measured: bf16 pool B=256 T=1 202 us vs 265 us
@@ -82,11 +82,11 @@ __all__ = ["recurrent_gdn", "tune_key", "tuning_candidates", "best_config", "con
 # import, from TRITON_INTERPRET (INTERPRETED, below the kernel, records what actually happened).
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
-_EPS: tl.constexpr = tl.constexpr(1e-6)
+_EPS: tl.constexpr = tl.constexpr(1e-6)  # q/k L2 norm: x * rsqrt(sum(x^2) + eps), as gdnbench.reference.l2norm
 # Raw gating's softplus and sigmoid with the hardware's approximate log and division when compiled (the
 # interpreter has no libdevice: exact ones there): 31-33 fewer instructions per token in the token loop,
 # of the 59-74 that raw gating adds to it (sm_90 SASS, T > 1).
-_FAST_GATE: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)  # q/k L2 norm: x * rsqrt(sum(x^2) + eps), as gdnbench.reference.l2norm
+_FAST_GATE: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)
 
 # (BV, num_warps) candidates for a GPU, each with every ITEMS count. The state tile is BK x BV fp32 spread
 # over 32 * num_warps threads; configs that would leave threads idle or spill are pruned per shape (_prune).
@@ -348,10 +348,10 @@ _TUNED: dict[tuple, triton.Config] = {}  # (tune_key, argument dtypes) -> the fa
 TuneKey = tuple[int, int, bool, bool, bool, int, int]
 
 
-def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, T: int, per_token: bool = False,
+def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int, per_token: bool = False,
              v_first: bool = False) -> TuneKey:
-    """The tuning key of a launch: (K, V, pool, per-token slots, V-first state, GVA ratio HV // H, tier);
-    T is the tokens per sequence (a varlen batch's mean).
+    """The tuning key of a launch of N sequences and ``tokens`` tokens in all: (K, V, pool, per-token
+    slots, V-first state, GVA ratio HV // H, tier).
 
     The tier folds the parallelism of N * HV heads (< 64, < 512, < 4096, more: small decode batches
     want many narrow programs, large ones wide blocks) with the tokens per sequence (1, 2, more: a token
@@ -364,6 +364,7 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, T: int, per
     """
     heads = N * HV
     heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3
+    T = tokens // max(N, 1)  # per sequence (a varlen batch's mean)
     tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
     return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
 
@@ -467,8 +468,7 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, T=T if cu_seqlens is None else T // N, per_token=per_token,
-                   v_first=v_first)
+    key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
 

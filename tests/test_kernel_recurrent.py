@@ -388,14 +388,15 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     assert tunings == [2] and len(calls) == 4  # the key is tuned: straight to the live pool
     kern.recurrent_gdn(**{**kw, "state_pool": pool.to(torch.bfloat16)})
     assert tunings == [2, 2] and len(calls) == 7  # another pool dtype is another key
-    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, H=1, HV=2, T=2)) == {
+    assert kern.best_config(kern.tune_key(16, 16, pool=True, N=4, H=1, HV=2, tokens=8)) == {
         "BV": 16, "ITEMS": 4, "num_warps": 2, "num_stages": 2}
-    assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, H=1, HV=2, T=2)) is None
+    assert kern.best_config(kern.tune_key(16, 16, pool=False, N=4, H=1, HV=2, tokens=8)) is None
     prefill = BY_NAME["prefill-varlen"]["kw"]  # 12 tokens in 5 sequences, H=2, HV=4
     kern.recurrent_gdn(**prefill)
     assert len(calls) == 10  # nothing in place: tuning runs on the real buffers
-    # a varlen launch is keyed by its tokens per sequence, as the backend looks it up
-    assert kern.best_config(kern.tune_key(16, 16, pool=False, N=5, H=2, HV=4, T=12 // 5))["BV"] == 16
+    # a varlen launch is tiered by its tokens per sequence (12 // 5 = 2), not its total
+    key = kern.tune_key(16, 16, pool=False, N=5, H=2, HV=4, tokens=12)
+    assert key == kern.tune_key(16, 16, pool=False, N=5, H=2, HV=4, tokens=10) and kern.best_config(key)["BV"] == 16
     assert all(c[1][9] is calls[-1][1][9] for c in calls[-3:])  # the candidates wrote the real output
     assert calls[-1][0] == (5 * 4 // 4,)  # N from cu_seqlens' shape, never its values
 
@@ -405,7 +406,7 @@ def test_tune_key_separates_shapes_whose_best_configs_differ():
     from gdnbench_kernels import recurrent as kern
 
     def tier(N, HV, T):
-        return kern.tune_key(128, 128, pool=True, N=N, H=16, HV=HV, T=T)[-1]
+        return kern.tune_key(128, 128, pool=True, N=N, H=16, HV=HV, tokens=N * T)[-1]
 
     assert tier(1, 32, 1) != tier(8, 16, 1)  # a 3 us launch and an 8 us one
     assert tier(256, 32, 2) != tier(256, 32, 4)  # (64, 4) vs (8, 1) on an H100
@@ -413,8 +414,8 @@ def test_tune_key_separates_shapes_whose_best_configs_differ():
     assert len({tier(N, 32, T) for N in (1, 8, 64, 256) for T in (1, 2, 4)}) == 12
     # same tier, another GVA ratio: (16, 4) at HV=32 = 2H, (8, 1) at HV=16 = H (T=2, B=64 and 256)
     for N in (64, 256):
-        assert kern.tune_key(128, 128, pool=True, N=N, H=16, HV=32, T=2) != \
-            kern.tune_key(128, 128, pool=True, N=N, H=16, HV=16, T=2)
+        assert kern.tune_key(128, 128, pool=True, N=N, H=16, HV=32, tokens=2 * N) != \
+            kern.tune_key(128, 128, pool=True, N=N, H=16, HV=16, tokens=2 * N)
 
 
 @pytest.mark.parametrize("bad, needle", [

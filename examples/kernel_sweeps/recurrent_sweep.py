@@ -75,9 +75,8 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
                                  config=sweep_timing(device))
         medians = [float(np.median(m.samples_us)) for m in ms]
         for (c, _), t, (d_o, d_state) in zip(runs, medians, diffs):
-            cap = f"r{c.maxnreg}" if c.maxnreg else ""
-            print(f"{case.id}  {c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}{cap}  {t:9.1f}  {t / min(medians):.3f}"
-                  f"  {d_o:.1e}  {d_state}", flush=True)
+            label = f"{c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}" + (f"r{c.maxnreg}" if c.maxnreg else "")
+            print(f"{case.id}  {label}  {t:9.1f}  {t / min(medians):.3f}  {d_o:.1e}  {d_state}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,9 +53,8 @@ def triton_recurrent(p: Problem) -> Prepared:
         notes.append("q/k l2norm in kernel")
 
     N = p.cu_seqlens.shape[0] - 1 if p.cu_seqlens is not None else p.q.shape[0]
-    T = p.q.shape[1] if p.cu_seqlens is None else p.q.shape[1] // N  # (tuning tier only: tokens per sequence)
-    key = kern.tune_key(case.K, case.V, pool=case.op == "decode", N=N, H=case.H, HV=case.HV, T=T,
-                        per_token=case.per_token_slots, v_first=V_FIRST)
+    key = kern.tune_key(case.K, case.V, pool=case.op == "decode", N=N, H=case.H, HV=case.HV,
+                        tokens=p.q.shape[0] * p.q.shape[1], per_token=case.per_token_slots, v_first=V_FIRST)
     layout = "V-first" if V_FIRST else "K-first"
 
     if case.op == "decode":
