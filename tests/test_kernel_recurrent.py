@@ -50,10 +50,13 @@ SUITE_CASES = [
 
 def make(name: str, *, B=2, T=5, H=1, HV=2, K=16, V=16, dtype="fp32", seqs=None, h0=False, final=True,
          raw=False, l2=False, pool=None, slots=None, accepted=None, pool_dtype="fp32", v_first=False,
-         default_out=False, seed=0) -> dict:
-    """One kernel call's inputs: q/k ~ U(0, 1) (pre-normalised unless ``l2``), log-sigmoid decays."""
+         default_out=False, g=None, seed=0) -> dict:
+    """One kernel call's inputs: q/k ~ U(0, 1) (pre-normalised unless ``l2``), log-sigmoid decays, or
+    the log decays ``g`` [T] of every sequence and head."""
     gen = torch.Generator().manual_seed(seed)
     kw, N = kernel_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, dtype=dtype, seqs=seqs, raw=raw, l2=l2)
+    if g is not None:
+        kw["g"] = torch.tensor(g, dtype=kw["g"].dtype)[None, :, None].expand_as(kw["g"]).contiguous()
     if v_first:  # every state [.., V, K]
         kw["v_first"] = True
         K, V = V, K
@@ -78,6 +81,11 @@ KERNEL_CASES = [
     make("prefill-K64-V60-nofinal", B=1, T=4, H=1, HV=1, K=64, V=60, final=False),
     make("prefill-varlen", H=2, HV=4, seqs=[3, 0, 7, 2, 0], h0=True),
     make("prefill-raw-fp16", T=6, raw=True, dtype="fp16", h0=True),
+    # decays that push the state's scalar scale out of [2^-40, 2^40] (folded back into the tile), one that
+    # underflows exp to 0, and growth (g > 0)
+    make("prefill-strong-decay", T=6, h0=True, g=[-0.1, -30.0, -30.0, 0.0, -200.0, 5.0]),
+    make("spec-T3-growth-bf16-pool", B=2, T=3, H=1, HV=2, pool=6, slots=[[0, 4, 5], [3, 1, 2]], accepted=[3, 1],
+         pool_dtype="bf16", g=[20.0, 20.0, -0.5]),
     make("decode-fp32-pool-gva2", B=3, T=1, H=1, HV=2, l2=True, pool=7, slots=[4, 0, 6]),
     make("decode-fp32-pool-gva4-K60", B=2, T=1, H=1, HV=4, K=60, V=60, pool=5, slots=[3, 1]),
     make("decode-bf16-pool", B=3, T=1, H=2, HV=4, pool=6, slots=[5, 2, 0], pool_dtype="bf16"),
