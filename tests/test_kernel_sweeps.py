@@ -131,3 +131,16 @@ def test_revision_ab_names_a_bad_revision():
                           "--device", "cpu"], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "no-such-rev" in run.stderr
+
+
+def test_revision_ab_row_names_each_sides_path_where_they_differ():
+    from types import SimpleNamespace
+
+    from examples.kernel_sweeps.revision_ab import row
+
+    ok = SimpleNamespace(status="PASS", message="", rel_err_o=1e-3, rel_err_state=None)
+    same = row("c", "b", 30.0, 20.0, [ok, ok], ["BV=16 num_warps=2", "BV=16 num_warps=2"])
+    assert same.split() == ["c", "b", "30.0", "20.0", "1.500", "1.0e-03/1.0e-03", "-/-"]
+    bad = SimpleNamespace(status="FAIL", message="o off by 1e-1", rel_err_o=1e-1, rel_err_state=None)
+    differ = row("c", "b", 30.0, 20.0, [ok, bad], ["BV=16 num_warps=2", "BV=8 num_warps=1"])
+    assert differ.endswith("PASS/FAIL (o off by 1e-1)  paths: BV=16 num_warps=2 | BV=8 num_warps=1"), differ

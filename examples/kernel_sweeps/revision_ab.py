@@ -6,8 +6,10 @@ next to ``gdnbench_kernels``, and so is REV's adapter module of each backend giv
 together: an adapter calls its kernels' functions); then, for every case of SUITE that matches -k and
 every such backend, the backend is prepared (and autotuned) twice, REV's adapter on REV's package and
 the tree's on the tree's, checked against the suite's reference, and the two calls are timed
-interleaved (A B A B ...) with ``gdnbench run``'s timer (graph replay, L2 flushed). One row per (case, backend): both medians, REV's time over the tree's (> 1:
-the working tree is faster) and each side's relative RMS error of the output and the state.
+interleaved (A B A B ...) with ``gdnbench run``'s timer (graph replay, L2 flushed). One row per (case,
+backend): both medians, REV's time over the tree's (> 1: the working tree is faster), each side's relative
+RMS error of the output and the state and, where the two sides ran different code paths or configs (each
+side is autotuned on its own), both paths.
 
     python -m examples.kernel_sweeps.revision_ab parity --rev HEAD~1
     python -m examples.kernel_sweeps.revision_ab qwen3-next -k "B=1,T=16384" --rev 09b996c -b triton.chunk
@@ -127,14 +129,24 @@ def compare(suite: str, pattern: str | None, rev: str, backends: list[str], devi
                 ms = measure_interleaved([(x.call, x.reset) for x in sides], device=device,  # resets as it samples
                                          config=sweep_timing(device))
                 t_old, t_new = (float(np.median(m.samples_us)) for m in ms)
+                print(row(case.id, b.name, t_old, t_new, errs, [x.path for x in sides]), flush=True)
 
-                def err(name: str) -> str:
-                    return "/".join("-" if getattr(r, name) is None else f"{getattr(r, name):.1e}" for r in errs)
 
-                status = "" if all(r.status == "PASS" for r in errs) else \
-                    "  " + "/".join(r.status for r in errs) + f" ({'; '.join(r.message for r in errs if r.message)})"
-                print(f"{case.id}  {b.name}  {t_old:.1f}  {t_new:.1f}  {t_old / t_new:.3f}  {err('rel_err_o')}"
-                      f"  {err('rel_err_state')}{status}", flush=True)
+def row(case_id: str, backend: str, t_old: float, t_new: float, checks: list, paths: list[str]) -> str:
+    """One line of the table: both medians and their ratio, each side's errors (and statuses where one did
+    not PASS) and, where they differ, each side's code path: the autotuner may have picked another config
+    on each side, and the ratio then says as much about the picks as about the kernels."""
+
+    def err(name: str) -> str:
+        return "/".join("-" if getattr(r, name) is None else f"{getattr(r, name):.1e}" for r in checks)
+
+    line = (f"{case_id}  {backend}  {t_old:.1f}  {t_new:.1f}  {t_old / t_new:.3f}  {err('rel_err_o')}"
+            f"  {err('rel_err_state')}")
+    if not all(r.status == "PASS" for r in checks):
+        line += "  " + "/".join(r.status for r in checks) + f" ({'; '.join(r.message for r in checks if r.message)})"
+    if paths[0] != paths[1]:
+        line += f"  paths: {paths[0]} | {paths[1]}"
+    return line
 
 
 def main(argv: list[str] | None = None) -> None:
