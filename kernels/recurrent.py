@@ -34,7 +34,10 @@ Options (all compile-time switches of one kernel):
 State layout: K-first or V-first (``v_first``). On an H100 (decode on a pool, HV=32, K=V=128, CUDA
 graphs, triton 3.6) V-first was faster in every case measured: bf16 pool B=256 T=1 202 us vs 265 us
 K-first, T=4 344 vs 527 us, fp32 pool B=256 T=1 368 vs 374 us, because the per-token reductions over K
-stay inside a warp.
+stay inside a warp. The tile is held as [BV, BK / KS, KS] (``key_runs``): a thread gets 16 contiguous
+bytes of keys and the lanes spread along them, so an fp32 tile at K = 128 would put the keys on all 32
+lanes and each reduction would shuffle 5 rounds; two runs of keys per thread (KS = 2) keep 16 lanes, as a
+bf16 tile has. That made fp32 pools at T = 2 and 4 1.5-4% faster at B = 256 (H100, revision_ab).
 
 Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 2), (16, 4), (16, 8),
 (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1 or 4 items per program, num_stages 2,
@@ -76,7 +79,7 @@ from triton.language.extra import libdevice
 from .inputs import check_inputs, output_buffer
 from .tuning import fastest
 
-__all__ = ["recurrent_gdn", "tune_key", "tuning_candidates", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
+__all__ = ["recurrent_gdn", "tune_key", "key_runs", "tuning_candidates", "best_config", "config_str", "CONFIGS", "INTERPRETED"]
 
 # Triton decides between compiling and interpreting when a kernel is decorated, i.e. at this module's
 # import, from TRITON_INTERPRET (INTERPRETED, below the kernel, records what actually happened).
@@ -136,14 +139,34 @@ def _cast(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _state_offsets(offs_k, offs_v, K: tl.constexpr, V: tl.constexpr, V_FIRST: tl.constexpr):
-    """Offsets of a [BK, BV] state tile inside one head's K x V state: K-first ([K, V], V contiguous) or
-    V-first ([V, K], K contiguous). Triton lays the tile out along the contiguous dim, so V-first puts
-    the K reductions of every token inside a warp (shuffles) instead of across warps (shared memory)."""
+def _tile_keys(BK: tl.constexpr, KS: tl.constexpr):
+    """Key index of each place of a [., BK / KS, KS] state tile: key s * (BK / KS) + r sits at [., r, s]."""
+    return tl.arange(0, KS)[None, None, :] * (BK // KS) + tl.arange(0, BK // KS)[None, :, None]
+
+
+@triton.jit
+def _as_keys(x, BK: tl.constexpr, KS: tl.constexpr):
+    """A [BK] vector over the keys, laid out as the state tile's key dims: [1, BK / KS, KS]."""
+    return tl.permute(tl.reshape(x, [KS, BK // KS]), (1, 0))[None, :, :]
+
+
+@triton.jit
+def _state_offsets(keys, offs_v, K: tl.constexpr, V: tl.constexpr, V_FIRST: tl.constexpr):
+    """Offsets of a [BV, BK / KS, KS] state tile (``_tile_keys``) inside one head's K x V state: K-first
+    ([K, V], V contiguous) or V-first ([V, K], K contiguous). Triton lays the tile out along the
+    contiguous dim, so V-first puts the K reductions of every token inside a warp (shuffles) instead of
+    across warps (shared memory); KS > 1 then keeps KS runs of keys in each thread, fewer lanes to
+    shuffle across."""
     if V_FIRST:
-        return offs_k[:, None] + offs_v[None, :] * K
+        return keys + offs_v[:, None, None] * K
     else:
-        return offs_k[:, None] * V + offs_v[None, :]
+        return keys * V + offs_v[:, None, None]
+
+
+@triton.jit
+def _kdot(b_h, x):
+    """sum over the keys of b_h [BV, BK / KS, KS] times x [1, BK / KS, KS]: [BV]."""
+    return tl.sum(tl.sum(b_h * x, 2), 1)
 
 
 @triton.jit
@@ -198,7 +221,7 @@ def _recurrent_gdn_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
     PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
-    BV: tl.constexpr, ITEMS: tl.constexpr,
+    BV: tl.constexpr, ITEMS: tl.constexpr, KS: tl.constexpr,
 ):
     # ITEMS work items (sequence and value head, V-block) per program, one after the other, V-blocks of
     # a head next to each other: a program's stores drain while its next item loads and computes
@@ -208,7 +231,7 @@ def _recurrent_gdn_kernel(
         if item < NH * NV:
             _recurrent_item(item // NV, item % NV, q, k, v, g, beta, a, b, A_log, dt_bias, o, h0, ht, pool, slot_idx,
                             accepted, cu_seqlens, scale, T, H, HV, K, V, BK, IS_VARLEN, USE_H0, STORE_HT, IS_POOL,
-                            PER_TOKEN, V_FIRST, RAW_GATE, L2NORM, BV)
+                            PER_TOKEN, V_FIRST, RAW_GATE, L2NORM, BV, KS)
 
 
 @triton.jit
@@ -217,7 +240,7 @@ def _recurrent_item(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
     PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
-    BV: tl.constexpr,
+    BV: tl.constexpr, KS: tl.constexpr,
 ):
     """One work item: sequence and value head i_nh, V-block i_v, all of the sequence's tokens."""
     i_n = i_nh // HV
@@ -234,12 +257,12 @@ def _recurrent_item(
 
     offs_k = tl.arange(0, BK)
     offs_v = i_v * BV + tl.arange(0, BV)
-    mask_k = offs_k < K
     mask_v = offs_v < V
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    offs_kv = _state_offsets(offs_k, offs_v, K, V, V_FIRST)
+    keys = _tile_keys(BK, KS)
+    mask_kv = (keys < K) & mask_v[:, None, None]
+    offs_kv = _state_offsets(keys, offs_v, K, V, V_FIRST)
 
-    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    b_h = tl.zeros([BV, BK // KS, KS], dtype=tl.float32)
     n_live = n_tok
     if IS_POOL:
         if PER_TOKEN:  # start from the slot of the last accepted token (T slots per sequence)
@@ -254,7 +277,7 @@ def _recurrent_item(
         k_live = tl.where(live, K, 0)
         pool_h = pool + (tl.maximum(slot, 0) * HV + i_h) * (K * V)  # scalar: the tile's pointers are rebuilt at the store
         # the pool streams through once per step: evict_first keeps it from pushing q/k/v out of L2
-        b_h = tl.load(pool_h + offs_kv, mask=(offs_k[:, None] < k_live) & mask_v[None, :], other=0.0,
+        b_h = tl.load(pool_h + offs_kv, mask=(keys < k_live) & mask_v[:, None, None], other=0.0,
                       eviction_policy="evict_first").to(tl.float32)
     elif USE_H0:
         b_h = tl.load(h0 + (i_n.to(tl.int64) * HV + i_h) * (K * V) + offs_kv, mask=mask_kv, other=0.0).to(tl.float32)
@@ -296,17 +319,18 @@ def _recurrent_item(
         else:
             b_g = b_x
             b_beta = b_y
+        b_k = _as_keys(b_k, BK, KS)
         b_h = b_h * tl.exp(b_g)                                   # decay
-        b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))      # delta: what the memory misses for k
-        b_h = b_h + b_k[:, None] * b_u[None, :]                   # rank-1 write
-        b_o = tl.sum(b_h * b_q[:, None], 0)                       # read-out
+        b_u = b_beta * (b_v - _kdot(b_h, b_k))                    # delta: what the memory misses for k
+        b_h = b_h + b_k * b_u[:, None, None]                      # rank-1 write
+        b_o = _kdot(b_h, _as_keys(b_q, BK, KS))                   # read-out
         tl.store(p_o, _cast(b_o, p_o.dtype.element_ty), mask=mask_v)
         if PER_TOKEN:  # this token's state to its own slot (skipped for a negative one)
             w_slot = tl.load(p_slot).to(tl.int64)
             p_slot += 1
             w_k = tl.where(w_slot >= 0, K, 0)
             tl.store(pool + (tl.maximum(w_slot, 0) * HV + i_h) * (K * V) + offs_kv,
-                     _cast(b_h, pool.dtype.element_ty), mask=(offs_k[:, None] < w_k) & mask_v[None, :],
+                     _cast(b_h, pool.dtype.element_ty), mask=(keys < w_k) & mask_v[:, None, None],
                      eviction_policy="evict_first")
         p_q += H * K
         p_k += H * K
@@ -321,15 +345,15 @@ def _recurrent_item(
             tl.store(p_o, tl.zeros([BV], dtype=tl.float32).to(p_o.dtype.element_ty), mask=mask_v)
             p_o += HV * V
         if not PER_TOKEN:  # (per-token slots were written in the loop)
-            offs_k2 = tl.arange(0, BK)
+            keys2 = _tile_keys(BK, KS)
             offs_v2 = i_v * BV + tl.arange(0, BV)
-            tl.store(pool_h + _state_offsets(offs_k2, offs_v2, K, V, V_FIRST), _cast(b_h, pool.dtype.element_ty),
-                     mask=(offs_k2[:, None] < k_live) & (offs_v2[None, :] < V), eviction_policy="evict_first")
+            tl.store(pool_h + _state_offsets(keys2, offs_v2, K, V, V_FIRST), _cast(b_h, pool.dtype.element_ty),
+                     mask=(keys2 < k_live) & (offs_v2[:, None, None] < V), eviction_policy="evict_first")
     elif STORE_HT:
-        offs_k2 = tl.arange(0, BK)
+        keys2 = _tile_keys(BK, KS)
         offs_v2 = i_v * BV + tl.arange(0, BV)
-        tl.store(ht + (i_n.to(tl.int64) * HV + i_h) * (K * V) + _state_offsets(offs_k2, offs_v2, K, V, V_FIRST), b_h,
-                 mask=(offs_k2[:, None] < K) & (offs_v2[None, :] < V))
+        tl.store(ht + (i_n.to(tl.int64) * HV + i_h) * (K * V) + _state_offsets(keys2, offs_v2, K, V, V_FIRST), b_h,
+                 mask=(keys2 < K) & (offs_v2[:, None, None] < V))
 
 
 try:
@@ -367,6 +391,15 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     T = tokens // max(N, 1)  # per sequence (a varlen batch's mean)
     tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
     return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
+
+
+def key_runs(BK: int, state_bytes: int, v_first: bool) -> int:
+    """KS, the runs of keys each thread holds in the state tile. Triton gives a thread 16 contiguous bytes
+    of a V-first tile and spreads its keys over the lanes: BK * state_bytes / 16 of them, across which
+    every token's two K-reductions shuffle. KS runs per thread keep that to 16 lanes. An fp32 pool at
+    K = 128 goes from 32 lanes to 16 (sm_90 SASS, BV 16 / 2 warps: 80 shuffles per token -> 32, token
+    loop 418 -> 324 instructions); bf16 at K = 128 has 16 already. K-first tiles reduce across warps: 1."""
+    return max(1, BK * state_bytes // 256) if v_first else 1
 
 
 def best_config(key: TuneKey) -> dict | None:
@@ -468,6 +501,7 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
+    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first)
     key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
@@ -479,7 +513,7 @@ def recurrent_gdn(
             scale, T, N * HV,
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
             STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
-            L2NORM=qk_l2norm, **cfg.kwargs, num_warps=cfg.num_warps,
+            L2NORM=qk_l2norm, KS=KS, **cfg.kwargs, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
         )
 

@@ -97,6 +97,10 @@ KERNEL_CASES = [
     make("decode-vfirst-bf16-pool-K64-V60-raw", B=3, T=1, H=1, HV=2, K=64, V=60, raw=True, dtype="fp16", pool=6,
          slots=[5, -1, 1], pool_dtype="bf16", v_first=True),
     make("spec-vfirst-T2", B=2, T=2, H=1, HV=2, pool=5, slots=[[0, 4], [3, 1]], accepted=[2, 1], v_first=True),
+    # V-first fp32 states at K > 64: two runs of keys per thread (recurrent.key_runs), K = 100 masked
+    make("spec-vfirst-fp32-pool-K128-runs2", B=2, T=2, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4], [3, 1]],
+         accepted=[2, 1], v_first=True),
+    make("prefill-vfirst-K100-runs2", B=1, T=3, H=1, HV=1, K=100, V=16, h0=True, l2=True, v_first=True),
     make("spec-T3-fp32-pool-gva2", B=3, T=3, H=1, HV=2, pool=12, slots=[[4, 0, 6], [1, 9, 2], [11, 3, 5]],
          accepted=[1, 3, 2]),
     # a skipped write (-1 at t=1), a padding sequence (its start slot is -1) and a bf16 pool
@@ -409,6 +413,15 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     assert calls[-1][0] == (5 * 4 // 4,)  # N from cu_seqlens' shape, never its values
 
 
+def test_key_runs_keep_a_v_first_tiles_keys_on_16_lanes():
+    from gdnbench_kernels.recurrent import key_runs
+
+    # (BK, bytes per state element) -> runs: 16-byte vectors, 16 lanes along the keys
+    assert [key_runs(bk, nb, True) for bk, nb in [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2)]] == \
+        [1, 2, 4, 1, 2, 1]
+    assert key_runs(128, 4, False) == 1  # K-first: the keys are not the contiguous dim
+
+
 def test_tune_key_separates_shapes_whose_best_configs_differ():
     """Tiers by heads (<64, <512, <4096, more) and tokens per sequence (1, 2, more)."""
     from gdnbench_kernels import recurrent as kern
@@ -452,7 +465,8 @@ def test_launcher_rejects_bad_arguments(bad, needle):
     (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
     (256, 256, 32, 8, {"ht": True}),
     (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True}),
-    (128, 128, 32, 4, {"pool": "fp32", "v_first": True, "items": 4}),
+    (128, 128, 32, 4, {"pool": "fp32", "v_first": True, "items": 4}),  # two runs of keys per thread
+    (256, 64, 16, 4, {"h0": True, "ht": True, "v_first": True}),  # four
 ])
 def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
@@ -469,6 +483,7 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
                  PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
                  RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")),
                  BV=BV, ITEMS=mode.get("items", 1))
+    const["KS"] = kern.key_runs(const["BK"], 2 if pool in ("bf16", "fp16") else 4, const["V_FIRST"])
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
         ([] if const["USE_H0"] else ["h0"]) + \
