@@ -134,8 +134,9 @@ def compare(suite: str, pattern: str | None, rev: str, backends: list[str], devi
 
 def row(case_id: str, backend: str, t_old: float, t_new: float, checks: list, paths: list[str]) -> str:
     """One line of the table: both medians and their ratio, each side's errors (and statuses where one did
-    not PASS) and, where they differ, each side's code path: the autotuner may have picked another config
-    on each side, and the ratio then says as much about the picks as about the kernels."""
+    not PASS) and, where they differ, the parts of each side's code path that differ: the autotuner may
+    have picked another config on each side, and the ratio then says as much about the picks as about the
+    kernels."""
 
     def err(name: str) -> str:
         return "/".join("-" if getattr(r, name) is None else f"{getattr(r, name):.1e}" for r in checks)
@@ -144,8 +145,10 @@ def row(case_id: str, backend: str, t_old: float, t_new: float, checks: list, pa
             f"  {err('rel_err_state')}")
     if not all(r.status == "PASS" for r in checks):
         line += "  " + "/".join(r.status for r in checks) + f" ({'; '.join(r.message for r in checks if r.message)})"
-    if paths[0] != paths[1]:
-        line += f"  paths: {paths[0]} | {paths[1]}"
+    if paths[0] != paths[1]:  # the parts ("; "-separated) that differ, e.g. the configs
+        parts = [p.split("; ") for p in paths]
+        line += "  paths: " + " | ".join("; ".join(x for x in mine if x not in other) or "-"
+                                         for mine, other in (parts, parts[::-1]))
     return line
 
 
