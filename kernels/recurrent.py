@@ -37,7 +37,8 @@ K-first, T=4 344 vs 527 us, fp32 pool B=256 T=1 368 vs 374 us, because the per-t
 stay inside a warp. The tile is held as [BV, BK / KS, KS] (``key_runs``): a thread gets 16 contiguous
 bytes of keys and the lanes spread along them, so an fp32 tile at K = 128 would put the keys on all 32
 lanes and each reduction would shuffle 5 rounds; two runs of keys per thread (KS = 2) keep 16 lanes, as a
-bf16 tile has. That made fp32 pools at T = 2 and 4 1.5-4% faster at B = 256 (H100, revision_ab).
+bf16 tile has. That made fp32 pools at T = 2 and 4 1.5-4% faster at B = 256 (H100, revision_ab); one
+token keeps one run.
 
 Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 2), (16, 4), (16, 8),
 (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1 or 4 items per program, num_stages 2,
@@ -393,13 +394,15 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
 
 
-def key_runs(BK: int, state_bytes: int, v_first: bool) -> int:
+def key_runs(BK: int, state_bytes: int, v_first: bool, tokens_per_seq: int) -> int:
     """KS, the runs of keys each thread holds in the state tile. Triton gives a thread 16 contiguous bytes
     of a V-first tile and spreads its keys over the lanes: BK * state_bytes / 16 of them, across which
     every token's two K-reductions shuffle. KS runs per thread keep that to 16 lanes. An fp32 pool at
     K = 128 goes from 32 lanes to 16 (sm_90 SASS, BV 16 / 2 warps: 80 shuffles per token -> 32, token
-    loop 418 -> 324 instructions); bf16 at K = 128 has 16 already. K-first tiles reduce across warps: 1."""
-    return max(1, BK * state_bytes // 256) if v_first else 1
+    loop 444 -> 353 instructions; 1.5-4% faster at B = 256, T = 2 and 4, on an H100); bf16 at K = 128 has 16
+    already. One token per sequence keeps 1: its loop is short, and with two runs the fp32 one-token rows
+    were tuned to other configs and ran 1-1.4% slower. K-first tiles reduce across warps: 1."""
+    return max(1, BK * state_bytes // 256) if v_first and tokens_per_seq > 1 else 1
 
 
 def best_config(key: TuneKey) -> dict | None:
@@ -501,7 +504,7 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first)
+    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, B * T // max(N, 1))
     key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()

@@ -417,9 +417,10 @@ def test_key_runs_keep_a_v_first_tiles_keys_on_16_lanes():
     from gdnbench_kernels.recurrent import key_runs
 
     # (BK, bytes per state element) -> runs: 16-byte vectors, 16 lanes along the keys
-    assert [key_runs(bk, nb, True) for bk, nb in [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2)]] == \
+    assert [key_runs(bk, nb, True, 4) for bk, nb in [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2)]] == \
         [1, 2, 4, 1, 2, 1]
-    assert key_runs(128, 4, False) == 1  # K-first: the keys are not the contiguous dim
+    assert key_runs(128, 4, False, 4) == 1  # K-first: the keys are not the contiguous dim
+    assert key_runs(128, 4, True, 1) == 1  # one token per sequence
 
 
 def test_tune_key_separates_shapes_whose_best_configs_differ():
@@ -483,7 +484,7 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
                  PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
                  RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")),
                  BV=BV, ITEMS=mode.get("items", 1))
-    const["KS"] = kern.key_runs(const["BK"], 2 if pool in ("bf16", "fp16") else 4, const["V_FIRST"])
+    const["KS"] = kern.key_runs(const["BK"], 2 if pool in ("bf16", "fp16") else 4, const["V_FIRST"], 2)
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
         ([] if const["USE_H0"] else ["h0"]) + \
