@@ -1,9 +1,9 @@
 """Fused recurrent gated delta rule (decode and short prefill), Triton.
 
 One work item per (sequence, value head, V-block), ITEMS of them per program one after the other (a
-1-D grid, the V-blocks of a head next to each other). An item keeps its [BK, BV] slice of the state
-(K-first, fp32) in registers across all tokens of its sequence and, per token, does the whole step of
-DESIGN.md section 2 without leaving registers:
+1-D grid, the V-blocks of a head next to each other). An item keeps its BK x BV slice of the state (fp32;
+held as [BV, BK / KS, KS], see "State layout") in registers across all tokens of its sequence and, per
+token, does the whole step of DESIGN.md section 2 without leaving registers:
 
     S = exp(g) * S ;  u = beta * (v - S^T k) ;  S = S + k u^T ;  o = S^T (scale * q)
 
