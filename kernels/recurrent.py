@@ -374,6 +374,11 @@ _TUNED: dict[tuple, triton.Config] = {}  # (tune_key, argument dtypes) -> the fa
 TuneKey = tuple[int, int, bool, bool, bool, int, int]
 
 
+def _per_sequence(tokens: int, N: int) -> int:
+    """Tokens per sequence of a launch of N sequences and ``tokens`` tokens in all (a varlen batch's mean)."""
+    return tokens // max(N, 1)
+
+
 def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int, per_token: bool = False,
              v_first: bool = False) -> TuneKey:
     """The tuning key of a launch of N sequences and ``tokens`` tokens in all: (K, V, pool, per-token
@@ -390,7 +395,7 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     """
     heads = N * HV
     heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3
-    T = tokens // max(N, 1)  # per sequence (a varlen batch's mean)
+    T = _per_sequence(tokens, N)
     tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
     return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
 
@@ -505,7 +510,7 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, B * T // max(N, 1))
+    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, _per_sequence(B * T, N))
     key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
