@@ -100,6 +100,8 @@ KERNEL_CASES = [
     # V-first fp32 states at K > 64: two runs of keys per thread (recurrent.key_runs), K = 100 masked
     make("spec-vfirst-fp32-pool-K128-runs2", B=2, T=2, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4], [3, 1]],
          accepted=[2, 1], v_first=True),
+    make("spec-vfirst-bf16-pool-K128", B=2, T=3, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4, 2], [3, 1, -1]],
+         accepted=[3, 1], v_first=True, pool_dtype="bf16", raw=True, dtype="fp16"),
     make("prefill-vfirst-K100-runs2", B=1, T=3, H=1, HV=1, K=100, V=16, h0=True, l2=True, v_first=True),
     make("spec-T3-fp32-pool-gva2", B=3, T=3, H=1, HV=2, pool=12, slots=[[4, 0, 6], [1, 9, 2], [11, 3, 5]],
          accepted=[1, 3, 2]),
@@ -354,8 +356,8 @@ def test_prune_caps_bv_at_v_and_drops_idle_or_spilling_tiles():
         return {(c.kwargs["BV"], c.num_warps) for c in kern._prune(cands, BK, V)}
 
     assert kept(128, 128) == set(kern._GPU_CANDIDATES)
-    assert kept(256, 256) == set(kern._GPU_CANDIDATES) - {(64, 4)}  # 128 fp32 per thread would spill
-    assert kept(16, 16) == {(8, 1), (16, 2)}  # BV capped at V; no thread left without 4 elements
+    assert kept(256, 256) == set(kern._GPU_CANDIDATES) - {(64, 4), (16, 1)}  # 128 fp32 per thread would spill
+    assert kept(16, 16) == {(8, 1), (16, 1), (16, 2)}  # BV capped at V; no thread left without 4 elements
     assert {bv for bv, _ in kept(60, 64)} <= {8, 16, 32, 64}
 
 
@@ -413,12 +415,12 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     assert calls[-1][0] == (5 * 4 // 4,)  # N from cu_seqlens' shape, never its values
 
 
-def test_key_runs_keep_a_v_first_tiles_keys_on_16_lanes():
+def test_key_runs_keep_a_v_first_tiles_keys_on_16_lanes_for_fp32_and_4_for_bf16():
     from gdnbench_kernels.recurrent import key_runs
 
-    # (BK, bytes per state element) -> runs: 16-byte vectors, 16 lanes along the keys
-    assert [key_runs(bk, nb, True, 4) for bk, nb in [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2)]] == \
-        [1, 2, 4, 1, 2, 1]
+    # (BK, bytes per state element) -> runs of 16-byte vectors: 16 lanes along fp32 keys, 4 along bf16 ones
+    assert [key_runs(bk, nb, True, 4) for bk, nb in [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2),
+                                                      (16, 2)]] == [1, 2, 4, 4, 8, 1, 1]
     assert key_runs(128, 4, False, 4) == 1  # K-first: the keys are not the contiguous dim
     assert key_runs(128, 4, True, 1) == 1  # one token per sequence
 
