@@ -37,10 +37,11 @@ K-first, T=4 344 vs 527 us, fp32 pool B=256 T=1 368 vs 374 us, because the per-t
 stay inside a warp. The tile is held as [BV, BK / KS, KS] (``key_runs``): a thread gets 16 contiguous
 bytes of keys and the lanes spread along them, so an fp32 tile at K = 128 would put the keys on all 32
 lanes and each reduction would shuffle 5 rounds. With several tokens per sequence a thread holds KS runs
-of 16 bytes instead: fp32 tiles two (16 lanes), bf16 tiles four (32 keys per thread on 4 lanes: 2
-shuffle rounds, and fewer instructions per state element). On an H100 (revision_ab, B = 64 and 256) that
-made fp32 pools 1.5-4% faster at T = 2 and 4, and bf16 pools 3.5-6% at T = 2 and 6-15% at T = 4 (with
-the (16, 1) candidate, which most of those rows then picked). One token keeps one run.
+of 16 bytes instead: fp32 tiles two (16 lanes; four, on 8 lanes, from 4 tokens on), bf16 tiles four (32
+keys per thread on 4 lanes: 2 shuffle rounds, and fewer instructions per state element). On an H100
+(revision_ab, B = 64 and 256) two runs made fp32 pools 1.5-4% faster at T = 2 and 4 and four 1-3% more
+at T = 4; four made bf16 pools 3.5-6% faster at T = 2 and 6-15% at T = 4 (with the (16, 1) candidate,
+which most of those rows then picked). One token keeps one run.
 
 Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 1), (16, 2), (16, 4),
 (16, 8), (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1 or 4 items per program, num_stages 2,
@@ -402,20 +403,24 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
 
 
-# Lanes along the keys of a V-first state tile with several tokens per sequence, by state element size
-# (key_runs). Measured on an H100 at K = 128 (revision_ab, raw gating, B = 64 and 256, T = 2 and 4):
-#   fp32: 16 lanes (2 runs) 1.5-4% faster than 32 (1 run); 8 lanes (4 runs) 0.5-1.6% slower at T = 2 and
-#       with per-token slots, 1-3% faster at T = 4: not taken;
+# Lanes along the keys of a V-first state tile with several tokens per sequence (key_runs). Measured on an
+# H100 at K = 128 (revision_ab, raw gating, B = 64 and 256, T = 2 and 4):
+#   fp32: 16 lanes (2 runs) 1.5-4% faster than 32 (1 run); 8 lanes (4 runs) 1-3% faster than 16 at T = 4,
+#       0.5-1.3% slower at T = 2: 8 lanes from 4 tokens per sequence on;
 #   bf16: 4 lanes (4 runs) 1.035-1.151x faster than 16 (1 run), 8 lanes (2 runs) 1.027-1.132x, 2 lanes
 #       (8 runs, 201 registers at BV 16 / 1 warp) 0.96-1.06x.
-_KEY_LANES = {4: 16, 2: 4}
+def _key_lanes(state_bytes: int, tokens_per_seq: int) -> int:
+    if state_bytes == 2:
+        return 4
+    return 8 if tokens_per_seq >= 4 else 16
+
 
 
 def key_runs(BK: int, state_bytes: int, v_first: bool, tokens_per_seq: int) -> int:
     """KS, the runs of keys each thread holds in the state tile. Triton gives a thread 16 contiguous bytes
     of a V-first tile and spreads its keys over the lanes: BK * state_bytes / 16 of them, across which
-    every token's two K-reductions shuffle. KS runs per thread cut that to _KEY_LANES (16 for fp32, 4
-    for 2-byte states), with more keys summed inside a thread. At K = 128 (sm_90 SASS, 4 items): fp32 32 ->
+    every token's two K-reductions shuffle. KS runs per thread cut that to ``_key_lanes`` (fp32: 16, 8
+    from 4 tokens on; 2-byte states: 4), with more keys summed inside a thread. At K = 128 (sm_90 SASS, 4 items): fp32 32 ->
     16 lanes, BV 16 / 2 warps, token loop 444 -> 353 instructions, 80 -> 32 shuffles; bf16 16 -> 4 lanes,
     BV 16 / 2 warps 332 -> 279 instructions, 32 -> 4 shuffles, and BV 16 / 1 warp (64 state elements per
     thread) 436 for twice the elements. One token per sequence keeps 1: its loop is short, and with two
@@ -423,7 +428,7 @@ def key_runs(BK: int, state_bytes: int, v_first: bool, tokens_per_seq: int) -> i
     K-first tiles reduce across warps: 1."""
     if not v_first or tokens_per_seq <= 1:
         return 1
-    return max(1, BK * state_bytes // (16 * _KEY_LANES.get(state_bytes, 16)))
+    return max(1, BK * state_bytes // (16 * _key_lanes(state_bytes, tokens_per_seq)))
 
 
 def best_config(key: TuneKey) -> dict | None:

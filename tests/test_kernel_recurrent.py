@@ -100,6 +100,8 @@ KERNEL_CASES = [
     # V-first fp32 states at K > 64: two runs of keys per thread (recurrent.key_runs), K = 100 masked
     make("spec-vfirst-fp32-pool-K128-runs2", B=2, T=2, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4], [3, 1]],
          accepted=[2, 1], v_first=True),
+    make("spec-T4-vfirst-fp32-pool-K128-runs4", B=2, T=4, H=1, HV=2, K=128, V=16, pool=9,
+         slots=[[0, 4, 2, 7], [3, 1, -1, 8]], accepted=[2, 4], v_first=True, raw=True),
     make("spec-vfirst-bf16-pool-K128", B=2, T=3, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4, 2], [3, 1, -1]],
          accepted=[3, 1], v_first=True, pool_dtype="bf16", raw=True, dtype="fp16"),
     make("prefill-vfirst-K100-runs2", B=1, T=3, H=1, HV=1, K=100, V=16, h0=True, l2=True, v_first=True),
@@ -415,12 +417,14 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     assert calls[-1][0] == (5 * 4 // 4,)  # N from cu_seqlens' shape, never its values
 
 
-def test_key_runs_keep_a_v_first_tiles_keys_on_16_lanes_for_fp32_and_4_for_bf16():
+def test_key_runs_spread_a_v_first_tiles_keys_over_fewer_lanes_with_several_tokens():
     from gdnbench_kernels.recurrent import key_runs
 
-    # (BK, bytes per state element) -> runs of 16-byte vectors: 16 lanes along fp32 keys, 4 along bf16 ones
-    assert [key_runs(bk, nb, True, 4) for bk, nb in [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2),
-                                                      (16, 2)]] == [1, 2, 4, 4, 8, 1, 1]
+    # (BK, bytes per state element) -> runs of 16-byte vectors: 4 lanes along bf16 keys; 16 along fp32 ones
+    # at 2 or 3 tokens per sequence, 8 from 4 tokens on
+    pairs = [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2), (16, 2)]
+    assert [key_runs(bk, nb, True, 2) for bk, nb in pairs] == [1, 2, 4, 4, 8, 1, 1]
+    assert [key_runs(bk, nb, True, 4) for bk, nb in pairs] == [2, 4, 8, 4, 8, 1, 1]
     assert key_runs(128, 4, False, 4) == 1  # K-first: the keys are not the contiguous dim
     assert key_runs(128, 4, True, 1) == 1  # one token per sequence
 
