@@ -41,7 +41,8 @@ of 16 bytes instead: fp32 tiles two (16 lanes; four, on 8 lanes, from 4 tokens o
 keys per thread on 4 lanes: 2 shuffle rounds, and fewer instructions per state element). On an H100
 (revision_ab, B = 64 and 256) two runs made fp32 pools 1.5-4% faster at T = 2 and 4 and four 1-3% more
 at T = 4; four made bf16 pools 3.5-6% faster at T = 2 and 6-15% at T = 4 (with the (16, 1) candidate,
-which most of those rows then picked). One token keeps one run.
+which most of those rows then picked). One token keeps one run; per-token slots, whose state store per
+token outweighs the reductions, keep 16 lanes.
 
 Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 1), (16, 2), (16, 4),
 (16, 8), (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1 or 4 items per program, num_stages 2,
@@ -408,27 +409,30 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
 #   fp32: 16 lanes (2 runs) 1.5-4% faster than 32 (1 run); 8 lanes (4 runs) 1-3% faster than 16 at T = 4,
 #       0.5-1.3% slower at T = 2: 8 lanes from 4 tokens per sequence on;
 #   bf16: 4 lanes (4 runs) 1.035-1.151x faster than 16 (1 run), 8 lanes (2 runs) 1.027-1.132x, 2 lanes
-#       (8 runs, 201 registers at BV 16 / 1 warp) 0.96-1.06x.
-def _key_lanes(state_bytes: int, tokens_per_seq: int) -> int:
+#       (8 runs, 201 registers at BV 16 / 1 warp) 0.96-1.06x;
+#   per-token slots (a state store per token): 16 lanes for both; 4 bf16 lanes were 0.97-0.99x at B = 8 and
+#       256, 8 fp32 lanes 0.98x at T = 4.
+def _key_lanes(state_bytes: int, tokens_per_seq: int, per_token: bool) -> int:
+    if per_token:
+        return 16
     if state_bytes == 2:
         return 4
     return 8 if tokens_per_seq >= 4 else 16
 
 
-
-def key_runs(BK: int, state_bytes: int, v_first: bool, tokens_per_seq: int) -> int:
+def key_runs(BK: int, state_bytes: int, v_first: bool, tokens_per_seq: int, per_token: bool = False) -> int:
     """KS, the runs of keys each thread holds in the state tile. Triton gives a thread 16 contiguous bytes
     of a V-first tile and spreads its keys over the lanes: BK * state_bytes / 16 of them, across which
     every token's two K-reductions shuffle. KS runs per thread cut that to ``_key_lanes`` (fp32: 16, 8
-    from 4 tokens on; 2-byte states: 4), with more keys summed inside a thread. At K = 128 (sm_90 SASS, 4 items): fp32 32 ->
-    16 lanes, BV 16 / 2 warps, token loop 444 -> 353 instructions, 80 -> 32 shuffles; bf16 16 -> 4 lanes,
-    BV 16 / 2 warps 332 -> 279 instructions, 32 -> 4 shuffles, and BV 16 / 1 warp (64 state elements per
-    thread) 436 for twice the elements. One token per sequence keeps 1: its loop is short, and with two
-    runs the fp32 one-token rows were tuned to other configs and ran 0.9-1.6% slower (H100, B >= 64).
-    K-first tiles reduce across warps: 1."""
+    from 4 tokens on; 2-byte states: 4; 16 with per-token slots), with more keys summed inside a thread.
+    At K = 128 (sm_90 SASS, 4 items): fp32 32 -> 16 lanes, BV 16 / 2 warps, token loop 444 -> 353
+    instructions, 80 -> 32 shuffles; bf16 16 -> 4 lanes, BV 16 / 2 warps 332 -> 279 instructions, 32 -> 4
+    shuffles, and BV 16 / 1 warp (64 state elements per thread) 436 for twice the elements. One token per
+    sequence keeps 1: its loop is short, and with two runs the fp32 one-token rows were tuned to other
+    configs and ran 0.9-1.6% slower (H100, B >= 64). K-first tiles reduce across warps: 1."""
     if not v_first or tokens_per_seq <= 1:
         return 1
-    return max(1, BK * state_bytes // (16 * _key_lanes(state_bytes, tokens_per_seq)))
+    return max(1, BK * state_bytes // (16 * _key_lanes(state_bytes, tokens_per_seq, per_token)))
 
 
 def best_config(key: TuneKey) -> dict | None:
@@ -530,7 +534,7 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, _per_sequence(B * T, N))
+    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, _per_sequence(B * T, N), per_token)
     key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()

@@ -100,10 +100,11 @@ KERNEL_CASES = [
     # V-first fp32 states at K > 64: two runs of keys per thread (recurrent.key_runs), K = 100 masked
     make("spec-vfirst-fp32-pool-K128-runs2", B=2, T=2, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4], [3, 1]],
          accepted=[2, 1], v_first=True),
-    make("spec-T4-vfirst-fp32-pool-K128-runs4", B=2, T=4, H=1, HV=2, K=128, V=16, pool=9,
-         slots=[[0, 4, 2, 7], [3, 1, -1, 8]], accepted=[2, 4], v_first=True, raw=True),
-    make("spec-vfirst-bf16-pool-K128", B=2, T=3, H=1, HV=2, K=128, V=16, pool=5, slots=[[0, 4, 2], [3, 1, -1]],
-         accepted=[3, 1], v_first=True, pool_dtype="bf16", raw=True, dtype="fp16"),
+    # several tokens into one slot: four runs (fp32 from 4 tokens on, bf16 from 2)
+    make("decode-T4-vfirst-fp32-pool-K128-runs4", B=3, T=4, H=1, HV=2, K=128, V=16, pool=5, slots=[3, -1, 1],
+         v_first=True, raw=True),
+    make("decode-T3-vfirst-bf16-pool-K128-runs4", B=2, T=3, H=1, HV=2, K=128, V=16, pool=5, slots=[0, 4],
+         v_first=True, pool_dtype="bf16", raw=True, dtype="fp16"),
     make("prefill-vfirst-K100-runs2", B=1, T=3, H=1, HV=1, K=100, V=16, h0=True, l2=True, v_first=True),
     make("spec-T3-fp32-pool-gva2", B=3, T=3, H=1, HV=2, pool=12, slots=[[4, 0, 6], [1, 9, 2], [11, 3, 5]],
          accepted=[1, 3, 2]),
@@ -425,6 +426,8 @@ def test_key_runs_spread_a_v_first_tiles_keys_over_fewer_lanes_with_several_toke
     pairs = [(64, 4), (128, 4), (256, 4), (128, 2), (256, 2), (32, 2), (16, 2)]
     assert [key_runs(bk, nb, True, 2) for bk, nb in pairs] == [1, 2, 4, 4, 8, 1, 1]
     assert [key_runs(bk, nb, True, 4) for bk, nb in pairs] == [2, 4, 8, 4, 8, 1, 1]
+    # per-token slots store the state every token: 16 lanes whatever the tokens
+    assert [key_runs(bk, nb, True, 4, per_token=True) for bk, nb in pairs] == [1, 2, 4, 1, 2, 1, 1]
     assert key_runs(128, 4, False, 4) == 1  # K-first: the keys are not the contiguous dim
     assert key_runs(128, 4, True, 1) == 1  # one token per sequence
 
