@@ -160,32 +160,20 @@ def _chunk_program(HV: tl.constexpr, NV: tl.constexpr):
 
 
 @triton.jit
-def _tile_mask(rows, n_rows, cols, n_cols):
-    """rows < n_rows and cols < n_cols, [len(rows), len(cols)]; n_rows None: every row is inside (a full
-    chunk: without the row compares and selects, the fused walk's loop went from 1,399 to 1,104
-    instructions per chunk in sm_90 SASS at K = V = 128, BV 64)."""
-    if n_rows is None:
-        return cols[None, :] < n_cols
-    else:
-        return (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
-
-
-@triton.jit
 def _load_tile(base, rows, n_rows, row_stride, cols, n_cols):
-    """base[rows, cols] (rows >= n_rows and cols >= n_cols read as 0; n_rows None: no row bound). Offsets
-    from base are int32 (the launcher checks a sequence's extent fits); base itself carries the 64-bit
-    sequence offset."""
+    """base[rows, cols] (rows >= n_rows and cols >= n_cols read as 0). Offsets from base are int32
+    (the launcher checks a sequence's extent fits); base itself carries the 64-bit sequence offset."""
     ptrs = base + rows[:, None] * row_stride + cols[None, :]
-    return tl.load(ptrs, mask=_tile_mask(rows, n_rows, cols, n_cols), other=0.0)
+    return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
 
 @triton.jit
 def _store_tile(base, rows, n_rows, row_stride, cols, n_cols, x):
-    """base[rows, cols] = x (cast to base's dtype), inside the bounds only (n_rows None: no row bound)."""
+    """base[rows, cols] = x (cast to base's dtype), inside the bounds only."""
     ptrs = base + rows[:, None] * row_stride + cols[None, :]
     if x.dtype != base.dtype.element_ty:  # _cast narrows fp32 only
         x = _cast(x, base.dtype.element_ty)
-    tl.store(ptrs, x, mask=_tile_mask(rows, n_rows, cols, n_cols))
+    tl.store(ptrs, x, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols))
 
 
 @triton.jit
@@ -299,11 +287,8 @@ def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_valid, scale, IEEE: tl.conste
 @triton.jit
 def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, n_valid, IEEE: tl.constexpr):
     """lowerIncl(Gamma o Q K^T) v of the query rows rows_r against the key rows rows_c (Gamma_ij =
-    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]; n_valid None: every
-    row is inside."""
-    keep = rows_r[:, None] >= rows_c[None, :]
-    if n_valid is not None:
-        keep = keep & (rows_r[:, None] < n_valid)
+    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]."""
+    keep = (rows_r[:, None] >= rows_c[None, :]) & (rows_r[:, None] < n_valid)
     b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), gc_r, gc_c, keep)
     return _dot(_cast(b_s, b_v.dtype), b_v, IEEE)
 
@@ -457,53 +442,6 @@ OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 
 
 @triton.jit
-def _state_step(b_h, i_t, n_valid, q, k, v, W, U, Ai, gc, h, v_new, o, bos, first_h, i_h, i_hk, cols_k, cols_v,
-                scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-                BK: tl.constexpr, FUSE_OUTPUT: tl.constexpr, SEGMENT: tl.constexpr, SPAN: tl.constexpr,
-                FROM_AI: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
-    """Chunk i_t of a walk (``_chunk_state_fn``): its writes (and outputs, or v_new and the entering state),
-    and the state after it. n_valid: the sequence length for a short last chunk, None for a full one."""
-    rows = i_t * BT + tl.arange(0, BT)
-    dt = k.dtype.element_ty
-    base_k = k + bos * H * K + i_hk * K
-    b_hd = _cast(b_h, dt)
-    if not FUSE_OUTPUT and SEGMENT == 0:
-        if i_t % SPAN == 0:
-            _store_tile(h + ((first_h + i_t // SPAN) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
-    b_k = _load_qk(base_k, rows, n_valid, H * K, K, BK, L2NORM)
-    if n_valid is None:
-        b_gc = tl.load(gc + (bos + rows) * HV + i_h)
-        end = i_t * BT + BT
-    else:
-        b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_valid, other=0.0)
-        end = n_valid
-    # v_new, what this chunk actually writes: U - W S, or from (I + A)^-1 diag(beta) as
-    # Ai (V - exp(gc) o (K S)) (W and U never stored); the transition (SEGMENT 2) takes V as 0
-    if FROM_AI:
-        b_x = -_dot(b_k, b_hd, IEEE) * _exp(b_gc)[:, None]
-        if SEGMENT != 2:
-            b_x += _load_tile(v + bos * HV * V + i_h * V, rows, n_valid, HV * V, cols_v, V).to(tl.float32)
-        b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows, n_valid, HV * BT, tl.arange(0, BT), BT)
-        b_v = _dot(b_ai, _cast(b_x, dt), IEEE)
-    else:
-        b_v = -_dot(_load_tile(W + bos * HV * K + i_h * K, rows, n_valid, HV * K, cols_k, K), b_hd, IEEE)
-        if SEGMENT != 2:
-            b_v += _load_tile(U + bos * HV * V + i_h * V, rows, n_valid, HV * V, cols_v, V).to(tl.float32)
-    b_vd = _cast(b_v, dt)
-    if FUSE_OUTPUT:
-        b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_valid, H * K, K, BK, L2NORM)
-        b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, n_valid, scale, IEEE)
-        _store_tile(o + bos * HV * V + i_h * V, rows, n_valid, HV * V, cols_v, V, b_o)
-    elif SEGMENT == 0:
-        _store_tile(v_new + bos * HV * V + i_h * V, rows, n_valid, HV * V, cols_v, V, b_vd)
-    gc_last = tl.load(gc + (bos + end - 1) * HV + i_h)
-    # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
-    b_vdec = _cast(b_v * _exp(gc_last - b_gc)[:, None], dt)
-    b_h = b_h * _exp(gc_last) + _dot(tl.trans(b_k), b_vdec, IEEE)
-    return b_h
-
-
-@triton.jit
 def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets, scale, state_tier,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
@@ -524,6 +462,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
     first_h = tl.load(h_offsets + i_n).to(tl.int64)
     cols_k = tl.arange(0, BK)
     cols_v = i_v * BV + tl.arange(0, BV)
+    dt = k.dtype.element_ty
 
     if USE_H0:
         b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
@@ -531,16 +470,38 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         b_h = tl.where((cols_k[:, None] == cols_v[None, :]) & (cols_v[None, :] < V), 1.0, 0.0)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
-    # full chunks without row bounds, then the short last one (if any) with them
-    n_full = n_tok // BT
-    for i_t in range(0, n_full):
-        b_h = _state_step(b_h, i_t, None, q, k, v, W, U, Ai, gc, h, v_new, o, bos, first_h, i_h, i_hk,
-                          cols_k, cols_v, scale, H, HV, K, V, BT, BK, FUSE_OUTPUT, SEGMENT, SPAN, FROM_AI, L2NORM,
-                          IEEE)
-    if n_full * BT < n_tok:
-        b_h = _state_step(b_h, n_full, n_tok, q, k, v, W, U, Ai, gc, h, v_new, o, bos, first_h, i_h, i_hk,
-                          cols_k, cols_v, scale, H, HV, K, V, BT, BK, FUSE_OUTPUT, SEGMENT, SPAN, FROM_AI, L2NORM,
-                          IEEE)
+    base_k = k + bos * H * K + i_hk * K
+    for i_t in range(0, tl.cdiv(n_tok, BT)):
+        rows = i_t * BT + tl.arange(0, BT)
+        b_hd = _cast(b_h, dt)
+        if not FUSE_OUTPUT and SEGMENT == 0:
+            if i_t % SPAN == 0:
+                _store_tile(h + ((first_h + i_t // SPAN) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
+        b_k = _load_qk(base_k, rows, n_tok, H * K, K, BK, L2NORM)
+        b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
+        # v_new, what this chunk actually writes: U - W S, or from (I + A)^-1 diag(beta) as
+        # Ai (V - exp(gc) o (K S)) (W and U never stored); the transition (SEGMENT 2) takes V as 0
+        if FROM_AI:
+            b_x = -_dot(b_k, b_hd, IEEE) * _exp(b_gc)[:, None]
+            if SEGMENT != 2:
+                b_x += _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
+            b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT)
+            b_v = _dot(b_ai, _cast(b_x, dt), IEEE)
+        else:
+            b_v = -_dot(_load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K), b_hd, IEEE)
+            if SEGMENT != 2:
+                b_v += _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
+        b_vd = _cast(b_v, dt)
+        if FUSE_OUTPUT:
+            b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
+            b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, n_tok, scale, IEEE)
+            _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+        elif SEGMENT == 0:
+            _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
+        gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
+        # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
+        b_vdec = _cast(b_v * _exp(gc_last - b_gc)[:, None], dt)
+        b_h = b_h * _exp(gc_last) + _dot(tl.trans(b_k), b_vdec, IEEE)
     if STORE_HT:
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
 
