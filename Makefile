@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 # A CPU-only machine takes this CPU build; on a GPU machine install a CUDA torch first (it is kept).
 TORCH ?= torch==2.13.0
 
-.PHONY: install test bench list clean
+.PHONY: install test test-gpu bench list clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
@@ -12,6 +12,10 @@ install:
 
 test:
 	$(PYTHON) -m pytest
+
+# On a GPU, after any change to kernels/: every candidate config forced, replayed from a CUDA graph
+test-gpu:
+	$(PYTHON) -m pytest tests/test_kernel_chunk_gpu.py tests/test_kernel_recurrent_gpu.py
 
 bench:
 	gdnbench run smoke
