@@ -369,7 +369,8 @@ def _tile_width(n: int) -> int:
 
 
 def _state_prune(configs, named_args, **kwargs):
-    """BV no wider than V needs; at most 64 fp32 state elements per thread (more spills on sm_90)."""
+    """BV no wider than V needs; at most 64 fp32 state elements per thread (more spills on sm_90); with
+    the output fused in, no single-stage config narrower than 64 (``_miscompiled``)."""
     args = {**named_args, **kwargs}
     BK, V = args["BK"], args["V"]
     keep, seen = [], set()
@@ -377,9 +378,20 @@ def _state_prune(configs, named_args, **kwargs):
         c = _with_bv(c, min(c.kwargs["BV"], _tile_width(V)))
         if BK * c.kwargs["BV"] / (32 * c.num_warps) > 64 or _settings(c) in seen:
             continue
+        if args["FUSE_OUTPUT"] and _miscompiled(c):
+            continue
         seen.add(_settings(c))
         keep.append(c)
     return keep or [triton.Config({"BV": 16}, num_warps=4, num_stages=2)]
+
+
+def _miscompiled(c: triton.Config) -> bool:
+    """A config of the walk with the output fused in that Triton 3.6 compiles wrongly for sm_90: one
+    stage at BV 16 or 32 (the (64, 4, 1) candidate with BV capped at D = 16 or 32). Rows 16-63 of every
+    output tile come out wrong (only the first warp's are right) and graph replays hit an illegal address;
+    BV 64 at one stage, and BV 16 / 32 at two or three stages, are right (tests/test_kernel_chunk_gpu.py,
+    H100). The walk without the output is not affected."""
+    return c.num_stages == 1 and c.kwargs["BV"] < 64
 
 
 def _state_prune_by_tier(configs, named_args, **kwargs):

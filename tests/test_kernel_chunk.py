@@ -596,7 +596,7 @@ def test_state_candidates_follow_the_parallelism_tier():
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
-    args = {"BK": 128, "V": 128}
+    args = {"BK": 128, "V": 128, "FUSE_OUTPUT": False}
     picked = {tier: chunk._state_prune_by_tier(chunk.STATE_CONFIGS, {**args, "state_tier": tier}) for tier in (0, 1, 2)}
     assert {c.kwargs["BV"] for c in picked[0]} == {16, 32, 64} and len(picked[0]) == 5
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
@@ -626,6 +626,23 @@ def test_pruning_keeps_the_register_caps():
     # the output pass at V = 64: BV 128 configs mask down to BV 64, beside the capped (64, 4, 2)
     assert settings(chunk._bv_prune(chunk.OUTPUT_CONFIGS, {"V": 64})) == [
         (64, 4, 2, 0), (64, 4, 2, 128), (64, 4, 3, 0), (64, 8, 3, 0)]
+
+
+@pytest.mark.parametrize("V", [16, 32, 60, 64, 128])
+def test_the_fused_walk_is_never_offered_a_miscompiled_config(V):
+    """At D = 16 and 32 the prune caps the (64, 4, 1) candidate of the walk with the output fused in to a
+    single-stage BV 16 / 32 config, which Triton 3.6 compiles wrongly (chunk._miscompiled): dropped there,
+    kept at BV 64; the walk without the output keeps it."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    if chunk.INTERPRETED:
+        pytest.skip("one config under the interpreter")
+    args = {"BK": chunk._tile_width(V), "V": V}
+    fused = chunk._state_prune(chunk_fused.STATE_CONFIGS, {**args, "FUSE_OUTPUT": True})
+    plain = chunk._state_prune(chunk_fused.STATE_CONFIGS, {**args, "FUSE_OUTPUT": False})
+    single_stage = [c.kwargs["BV"] for c in fused if c.num_stages == 1]
+    assert single_stage == ([] if V <= 32 else [64])
+    assert len(plain) == len(fused) + (V <= 32) and fused
 
 
 def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():

@@ -39,12 +39,28 @@ def _candidates():
     return [(module, name, i, run) for module, name, configs, run in kernels for i in range(len(configs))]
 
 
+def _force_config(kernel, index: int, monkeypatch) -> None:
+    """Make the autotuner run its index-th config the way a launch would: through the kernel's own prune,
+    which reshapes configs for the launch (BV capped at V: at D = 16 every candidate becomes a BV 16 one)
+    and drops some. Forcing ``configs = [c]`` alone would skip the prune and test c as written, never the
+    configs an autotuned call runs. Skips once the prune leaves fewer configs than index + 1."""
+    configs, prune = kernel.configs, kernel.early_config_prune
+
+    def pick(_configs, named_args, **kwargs):
+        pruned = prune(configs, named_args, **kwargs) if prune else configs
+        if index >= len(pruned):
+            pytest.skip(f"the prune leaves {len(pruned)} configs for this launch")
+        return [pruned[index]]
+
+    assert len(configs) > 1  # else the autotuner skips the prune
+    monkeypatch.setattr(kernel, "early_config_prune", pick)
+    monkeypatch.setattr(kernel, "cache", {})
+
+
 @pytest.mark.parametrize("D", [16, 32, 60, 100, 128])
 @pytest.mark.parametrize("module,name,index,run", _candidates() if torch.cuda.is_available() else [])
 def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeypatch):
-    kernel = getattr(module, name)
-    monkeypatch.setattr(kernel, "configs", [kernel.configs[index]])
-    monkeypatch.setattr(kernel, "cache", {})
+    _force_config(getattr(module, name), index, monkeypatch)
     gen = torch.Generator().manual_seed(index)
     # gate_norm 10: decays weak enough that the chunk-parallel pass's transitions matter
     kw, N = kernel_inputs(gen, B=2, T=300, H=2, HV=4, K=D, V=D, dtype="bf16", seqs=None, raw=False, l2=False,
@@ -83,7 +99,8 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, monkeypatc
     """chunk_fused's pipeline (groups of chunks of every sequence on their own streams, forked from and
     joined into the timed stream) captured and replayed as the harness times it: bitwise one call's
     results. Unequal sequences, so that later groups hold empty ranges; 5 groups, both hand-off buffers.
-    One config per kernel: a group's autotuner keys (its walk length, its chunks) differ from the call's."""
+    One config per kernel, as written (at D = 128 no prune would reshape it): a group's autotuner keys (its
+    walk length, its chunks) differ from the call's, and so could its pruned configs."""
     from gdnbench_kernels import chunk, chunk_fused
 
     for kernel in (chunk_fused._chunk_prep_kernel, chunk_fused._state_kernel, chunk._chunk_state_kernel,

@@ -23,7 +23,8 @@ SHORT = TimingConfig(timer=default_timer(DEVICE), l2="cold", warmup=2, min_sampl
                      min_time_s=0.0, max_time_s=0.2)
 MARGIN = 4096  # NaN elements before and after the pool and the output
 # Qwen3-Next's head dims, V-first pools as the backend runs them: one token (scattered slots), two tokens
-# with a padding sequence on a bf16 pool, and speculative verify with a skipped per-token write
+# with a padding sequence on a bf16 pool, speculative verify with a skipped per-token write, and two and
+# four tokens on fp32 pools
 CASES = [
     make("T1-fp32-pool-raw", B=6, T=1, H=2, HV=4, K=128, V=128, dtype="bf16", raw=True, pool=16,
          slots=[9, 0, 15, 3, 7, 12], v_first=True),
@@ -31,6 +32,11 @@ CASES = [
          slots=[1, -1, 11, 4, 6], pool_dtype="bf16", v_first=True),
     make("T4-per-token-slots", B=3, T=4, H=2, HV=4, K=128, V=128, dtype="bf16", pool=14,
          slots=[[2, -1, 7, 5], [9, 10, 11, 12], [13, 0, 8, 1]], accepted=[4, 2, 1], v_first=True),
+    # fp32 pools hold their tiles' keys in two runs per thread at 2-3 tokens and four from 4 on (key_runs)
+    make("T2-fp32-pool-raw", B=4, T=2, H=2, HV=4, K=128, V=128, dtype="bf16", raw=True, pool=7,
+         slots=[6, 2, 0, 4], v_first=True),
+    make("T4-fp32-pool-padding", B=4, T=4, H=2, HV=4, K=128, V=128, dtype="bf16", pool=9,
+         slots=[3, 8, -1, 0], v_first=True),
 ]
 
 
