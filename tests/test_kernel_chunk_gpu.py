@@ -3,8 +3,10 @@
 The interpreter tests (test_kernel_chunk.py) check the kernels' own logic; code generation can still
 go wrong for one config. Triton 3.6 built chunk_fused's prep kernel at (BV 32, 4 warps, 1 stage) with a
 dot that read past its shared memory: correct on a few eager calls, NaN or an illegal address under
-graph replay with the L2 flushed, exactly how the harness times it. So each candidate is forced alone
-and timed the harness's way, and its outputs are compared with the fp64 recurrence afterwards.
+graph replay with the L2 flushed, exactly how the harness times it. So each candidate is forced alone,
+as the kernel's prune reshapes it for the launch (at D = 16 and 32 the walk with the output fused in had
+a miscompiled one that only the prune produces), timed the harness's way, and its outputs are compared
+with the fp64 recurrence afterwards.
 """
 
 from __future__ import annotations
