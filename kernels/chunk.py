@@ -42,8 +42,9 @@ own memory), and every kernel finds its sequence through ``seq_bounds`` ([N, 2]:
 padded batch gets b * T, (b + 1) * T), so padded and varlen batches are one code path, and a layout may
 also take sub-ranges of sequences (chunk_fused's pipeline groups). Chunks never straddle sequences: a
 ``ChunkLayout`` (built once on the host, outside any timed call) lists each chunk's (sequence, chunk)
-and each sequence's first chunk; rows past a sequence's end load as zeros and have g = beta = 0, so
-they neither decay nor write. GVA: value head h reads q/k head h // (HV // H). Head dims are padded
+and each sequence's first chunk; rows past a sequence's end have g = beta = 0, so they neither decay nor
+write (the chunk-parallel kernels load them as zeros; the state and output passes, whose loops run
+longest, re-read the sequence's last token there, which needs no row bound on a load). GVA: value head h reads q/k head h // (HV // H). Head dims are padded
 to a power of two >= 16 (tl.dot's minimum) and masked, so 60 and 100 run in 64 and 128 tiles.
 
 Hopper (sm_90) design choices and what they should buy:
@@ -161,10 +162,14 @@ def _chunk_program(HV: tl.constexpr, NV: tl.constexpr):
 
 @triton.jit
 def _load_tile(base, rows, n_rows, row_stride, cols, n_cols):
-    """base[rows, cols] (rows >= n_rows and cols >= n_cols read as 0). Offsets from base are int32
-    (the launcher checks a sequence's extent fits); base itself carries the 64-bit sequence offset."""
+    """base[rows, cols] (rows >= n_rows and cols >= n_cols read as 0; n_rows None: every row is read, for
+    rows already clamped inside). Offsets from base are int32 (the launcher checks a sequence's extent
+    fits); base itself carries the 64-bit sequence offset."""
     ptrs = base + rows[:, None] * row_stride + cols[None, :]
-    return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
+    if n_rows is None:
+        return tl.load(ptrs, mask=cols[None, :] < n_cols, other=0.0)
+    else:
+        return tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < n_cols), other=0.0)
 
 
 @triton.jit
@@ -287,8 +292,11 @@ def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_valid, scale, IEEE: tl.conste
 @triton.jit
 def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, n_valid, IEEE: tl.constexpr):
     """lowerIncl(Gamma o Q K^T) v of the query rows rows_r against the key rows rows_c (Gamma_ij =
-    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]."""
-    keep = (rows_r[:, None] >= rows_c[None, :]) & (rows_r[:, None] < n_valid)
+    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]; n_valid None: the rows
+    past the end are kept (their outputs are not stored)."""
+    keep = rows_r[:, None] >= rows_c[None, :]
+    if n_valid is not None:
+        keep = keep & (rows_r[:, None] < n_valid)
     b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), gc_r, gc_c, keep)
     return _dot(_cast(b_s, b_v.dtype), b_v, IEEE)
 
@@ -485,34 +493,42 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
     base_k = k + bos * H * K + i_hk * K
     for i_t in range(0, tl.cdiv(n_tok, BT)):
         rows = i_t * BT + tl.arange(0, BT)
+        # A short last chunk's rows past the sequence's end re-read its last token (rows_in) rather than
+        # load masked zeros, so no load and no score needs a row bound (sm_90 SASS from triton 3.9, K = V
+        # = 128, 4 warps: loop 1,222 -> 1,078 instructions with the output fused in at BV 64, 540 -> 458
+        # without at BV 32). What they compute is finite and goes nowhere: Ai's (and W's) columns for
+        # them are 0 (beta = 0 there), the causal mask drops them as keys, their outputs are not
+        # stored, and the state update drops their writes (``valid``).
+        rows_in = tl.minimum(rows, n_tok - 1)
+        valid = rows < n_tok
         b_hd = _cast(b_h, dt)
         if not FUSE_OUTPUT and SEGMENT == 0:
             if i_t % SPAN == 0:
                 _store_tile(h + ((first_h + i_t // SPAN) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
-        b_k = _load_qk(base_k, rows, n_tok, H * K, K, BK, L2NORM)
-        b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=rows < n_tok, other=0.0)
+        b_k = _load_qk(base_k, rows_in, None, H * K, K, BK, L2NORM)
+        b_gc = tl.load(gc + (bos + rows_in) * HV + i_h)
         # v_new, what this chunk actually writes: U - W S, or from (I + A)^-1 diag(beta) as
         # Ai (V - exp(gc) o (K S)) (W and U never stored); the transition (SEGMENT 2) takes V as 0
         if FROM_AI:
             b_x = -_dot(b_k, b_hd, IEEE) * _exp(b_gc)[:, None]
             if SEGMENT != 2:
-                b_x += _load_tile(v + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
-            b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT)
+                b_x += _load_tile(v + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
+            b_ai = _load_tile(Ai + bos * HV * BT + i_h * BT, rows_in, None, HV * BT, tl.arange(0, BT), BT)
             b_v = _dot(b_ai, _cast(b_x, dt), IEEE)
         else:
-            b_v = -_dot(_load_tile(W + bos * HV * K + i_h * K, rows, n_tok, HV * K, cols_k, K), b_hd, IEEE)
+            b_v = -_dot(_load_tile(W + bos * HV * K + i_h * K, rows_in, None, HV * K, cols_k, K), b_hd, IEEE)
             if SEGMENT != 2:
-                b_v += _load_tile(U + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V).to(tl.float32)
+                b_v += _load_tile(U + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
         b_vd = _cast(b_v, dt)
         if FUSE_OUTPUT:
-            b_q = _load_qk(q + bos * H * K + i_hk * K, rows, n_tok, H * K, K, BK, L2NORM)
-            b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, n_tok, scale, IEEE)
+            b_q = _load_qk(q + bos * H * K + i_hk * K, rows_in, None, H * K, K, BK, L2NORM)
+            b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, None, scale, IEEE)
             _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
         elif SEGMENT == 0:
             _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
         gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
         # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
-        b_vdec = _cast(b_v * _exp(gc_last - b_gc)[:, None], dt)
+        b_vdec = _cast(b_v * tl.where(valid, _exp(gc_last - b_gc), 0.0)[:, None], dt)
         b_h = b_h * _exp(gc_last) + _dot(tl.trans(b_k), b_vdec, IEEE)
     if STORE_HT:
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
@@ -540,18 +556,23 @@ def _chunk_output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, ch
     cols_v = i_v * BV + tl.arange(0, BV)
     b_h = _load_tile(h + (i_c.to(tl.int64) * HV + i_h) * K * V, cols_k, K, V, cols_v, V)
     carry_j = 0.0
+    # rows past the sequence's end re-read its last token, as in the state pass: no row bound on any load
+    # or score; as keys the causal mask drops them (a block's earlier chunks are full unless its later
+    # ones lie wholly past the end), as queries they are not stored
     for j in range(SPAN):  # a dynamic loop: unrolled, the pair's tiles were all loaded up front (spills)
         rows_j = (i_b * SPAN + j) * BT + tl.arange(0, BT)
-        b_q = _load_qk(q + bos * H * K + i_hk * K, rows_j, n_tok, H * K, K, BK, L2NORM)
-        gc_j = tl.load(gc + (bos + rows_j) * HV + i_h, mask=rows_j < n_tok, other=0.0) + carry_j
+        in_j = tl.minimum(rows_j, n_tok - 1)
+        b_q = _load_qk(q + bos * H * K + i_hk * K, in_j, None, H * K, K, BK, L2NORM)
+        gc_j = tl.load(gc + (bos + in_j) * HV + i_h) + carry_j
         b_o = _dot(b_q, b_h, IEEE) * _exp(gc_j)[:, None]
         carry_i = 0.0
         for i in range(j + 1):
             rows_i = (i_b * SPAN + i) * BT + tl.arange(0, BT)
-            b_k = _load_qk(k + bos * H * K + i_hk * K, rows_i, n_tok, H * K, K, BK, L2NORM)
-            gc_i = tl.load(gc + (bos + rows_i) * HV + i_h, mask=rows_i < n_tok, other=0.0) + carry_i
-            b_v = _load_tile(v_new + bos * HV * V + i_h * V, rows_i, n_tok, HV * V, cols_v, V)
-            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, n_tok, IEEE)
+            in_i = tl.minimum(rows_i, n_tok - 1)
+            b_k = _load_qk(k + bos * H * K + i_hk * K, in_i, None, H * K, K, BK, L2NORM)
+            gc_i = tl.load(gc + (bos + in_i) * HV + i_h) + carry_i
+            b_v = _load_tile(v_new + bos * HV * V + i_h * V, in_i, None, HV * V, cols_v, V)
+            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, None, IEEE)
             last = (i_b * SPAN + i) * BT + BT - 1
             carry_i += tl.load(gc + (bos + last) * HV + i_h, mask=last < n_tok, other=0.0)
         _store_tile(o + bos * HV * V + i_h * V, rows_j, n_tok, HV * V, cols_v, V, b_o * scale)
