@@ -44,8 +44,9 @@ also take sub-ranges of sequences (chunk_fused's pipeline groups). Chunks never 
 ``ChunkLayout`` (built once on the host, outside any timed call) lists each chunk's (sequence, chunk)
 and each sequence's first chunk; rows past a sequence's end have g = beta = 0, so they neither decay nor
 write (the chunk-parallel kernels load them as zeros; the state and output passes, whose loops run
-longest, re-read the sequence's last token there, which needs no row bound on a load). GVA: value head h reads q/k head h // (HV // H). Head dims are padded
-to a power of two >= 16 (tl.dot's minimum) and masked, so 60 and 100 run in 64 and 128 tiles.
+longest, re-read the sequence's last token there, which needs no row bound on a load). GVA: value head h
+reads q/k head h // (HV // H). Head dims are padded to a power of two >= 16 (tl.dot's minimum) and
+masked, so 60 and 100 run in 64 and 128 tiles.
 
 Hopper (sm_90) design choices and what they should buy:
   * C = 64 and one [64, K] key tile per chunk: K K^T, W, U, Q K^T, Q S and the state update are
