@@ -282,23 +282,21 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, IEEE:
 
 
 @triton.jit
-def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, n_valid, scale, IEEE: tl.constexpr):
+def _output_tile(b_q, b_k, b_gc, b_h, b_v, rows, scale, IEEE: tl.constexpr):
     """scale * (exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new) for one chunk, fp32 [C, BV].
 
     b_h: the state entering the chunk and b_v: v_new, both in the dot dtype."""
     b_o = _dot(b_q, b_h, IEEE) * _exp(b_gc)[:, None]
-    return (b_o + _scores_times_v(b_q, b_k, b_v, b_gc, b_gc, rows, rows, n_valid, IEEE)) * scale
+    return (b_o + _scores_times_v(b_q, b_k, b_v, b_gc, b_gc, rows, rows, IEEE)) * scale
 
 
 @triton.jit
-def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, n_valid, IEEE: tl.constexpr):
+def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, IEEE: tl.constexpr):
     """lowerIncl(Gamma o Q K^T) v of the query rows rows_r against the key rows rows_c (Gamma_ij =
-    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]; n_valid None: the rows
-    past the end are kept (their outputs are not stored)."""
-    keep = rows_r[:, None] >= rows_c[None, :]
-    if n_valid is not None:
-        keep = keep & (rows_r[:, None] < n_valid)
-    b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), gc_r, gc_c, keep)
+    exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]. No row bound: the rows
+    are the true token indices, so a key past a sequence's end comes after every valid query, and the
+    callers do not store the outputs of the queries past it."""
+    b_s = _decay_masked(_dot(b_q, tl.trans(b_k), IEEE), gc_r, gc_c, rows_r[:, None] >= rows_c[None, :])
     return _dot(_cast(b_s, b_v.dtype), b_v, IEEE)
 
 
@@ -523,7 +521,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         b_vd = _cast(b_v, dt)
         if FUSE_OUTPUT:
             b_q = _load_qk(q + bos * H * K + i_hk * K, rows_in, None, H * K, K, BK, L2NORM)
-            b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, None, scale, IEEE)
+            b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, scale, IEEE)
             _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
         elif SEGMENT == 0:
             _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
@@ -573,7 +571,7 @@ def _chunk_output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, ch
             b_k = _load_qk(k + bos * H * K + i_hk * K, in_i, None, H * K, K, BK, L2NORM)
             gc_i = tl.load(gc + (bos + in_i) * HV + i_h) + carry_i
             b_v = _load_tile(v_new + bos * HV * V + i_h * V, in_i, None, HV * V, cols_v, V)
-            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, None, IEEE)
+            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, IEEE)
             last = (i_b * SPAN + i) * BT + BT - 1
             carry_i += tl.load(gc + (bos + last) * HV + i_h, mask=last < n_tok, other=0.0)
         _store_tile(o + bos * HV * V + i_h * V, rows_j, n_tok, HV * V, cols_v, V, b_o * scale)
