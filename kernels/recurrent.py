@@ -388,20 +388,24 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     """The tuning key of a launch of N sequences and ``tokens`` tokens in all: (K, V, pool, per-token
     slots, V-first state, GVA ratio HV // H, tier).
 
-    The tier folds the parallelism of N * HV heads (< 64, < 512, < 4096, more: small decode batches
-    want many narrow programs, large ones wide blocks) with the tokens per sequence (1, 2, more: a token
-    loop's serial reductions favour fewer warps): tier = heads tier + 4 * tokens tier. A key's first
-    launch picks the config for every launch with that key, so one key must not span shapes whose best
-    configs differ: on an H100, T=2 and T=4 at B=256 (HV=32) ran fastest at (64, 4) and (8, 1), 9% and
-    16% apart, and the old tier (T > 1) kept whichever came first. Likewise the GVA ratio: at T=2 with
-    fp32 pools, B=64 and B=256 with HV=16 = H ran 17% and 15% slower with the (16, 4) that B=64 and
-    B=256 with HV=32 = 2H had picked (each in the same heads tier) than with their own picks.
+    The tier folds the parallelism of N * HV heads (< 64, < 512, < 1024, < 4096, more: small decode
+    batches want many narrow programs, large ones wide blocks) with the tokens per sequence (1, 2, more:
+    a token loop's serial reductions favour fewer warps): tier = heads tier + 5 * tokens tier. A key's
+    first launch picks the config for every launch with that key, so one key must not span shapes whose
+    best configs differ: on an H100, T=2 and T=4 at B=256 (HV=32) ran fastest at (64, 4) and (8, 1), 9%
+    and 16% apart, and the old tier (T > 1) kept whichever came first. Likewise the GVA ratio: at T=2
+    with fp32 pools, B=64 and B=256 with HV=16 = H ran 17% and 15% slower with the (16, 4) that B=64 and
+    B=256 with HV=32 = 2H had picked (each in the same heads tier) than with their own picks. And
+    512-1023 heads apart from 1024-4095: with a bf16 pool at T=1 and HV=16 = H, (16, 4) was the fastest
+    at B=32 but 1.5% / 2.9% behind (32, 4) at B=64 / 128, and the tuner's picks at B=32 (16/4, 32/4 and
+    64/4 in three tunings, within 1% of each other there) ran B=64 up to 1.9% slower (forced configs,
+    interleaved); keyed apart, B=64 and 128 ran 1.2% and 0.7% faster (revision_ab).
     """
     heads = N * HV
-    heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 4096 else 3
+    heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 1024 else 3 if heads < 4096 else 4
     T = _per_sequence(tokens, N)
     tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
-    return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 4 * tokens_tier)
+    return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 5 * tokens_tier)
 
 
 # Lanes along the keys of a V-first state tile with several tokens per sequence (key_runs). Measured on an

@@ -433,16 +433,17 @@ def test_key_runs_spread_a_v_first_tiles_keys_over_fewer_lanes_with_several_toke
 
 
 def test_tune_key_separates_shapes_whose_best_configs_differ():
-    """Tiers by heads (<64, <512, <4096, more) and tokens per sequence (1, 2, more)."""
+    """Tiers by heads (<64, <512, <1024, <4096, more) and tokens per sequence (1, 2, more)."""
     from gdnbench_kernels import recurrent as kern
 
     def tier(N, HV, T):
         return kern.tune_key(128, 128, pool=True, N=N, H=16, HV=HV, tokens=N * T)[-1]
 
     assert tier(1, 32, 1) != tier(8, 16, 1)  # a 3 us launch and an 8 us one
+    assert tier(32, 16, 1) != tier(64, 16, 1) == tier(128, 16, 1)  # (16, 4) vs (32, 4), bf16 pool
     assert tier(256, 32, 2) != tier(256, 32, 4)  # (64, 4) vs (8, 1) on an H100
     assert tier(256, 32, 4) == tier(256, 32, 8) and tier(256, 32, 1) == tier(512, 32, 1)
-    assert len({tier(N, 32, T) for N in (1, 8, 64, 256) for T in (1, 2, 4)}) == 12
+    assert len({tier(N, 32, T) for N in (1, 8, 16, 64, 256) for T in (1, 2, 4)}) == 15
     # same tier, another GVA ratio: (16, 4) at HV=32 = 2H, (8, 1) at HV=16 = H (T=2, B=64 and 256)
     for N in (64, 256):
         assert kern.tune_key(128, 128, pool=True, N=N, H=16, HV=32, tokens=2 * N) != \
