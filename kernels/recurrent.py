@@ -399,7 +399,8 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     512-1023 heads apart from 1024-4095: with a bf16 pool at T=1 and HV=16 = H, (16, 4) was the fastest
     at B=32 but 1.5% / 2.9% behind (32, 4) at B=64 / 128, and the tuner's picks at B=32 (16/4, 32/4 and
     64/4 in three tunings, within 1% of each other there) ran B=64 up to 1.9% slower (forced configs,
-    interleaved); keyed apart, B=64 and 128 ran 1.2% and 0.7% faster (revision_ab).
+    interleaved); keyed apart, B=64 and 128 ran 1.2% and 0.7% faster in one A/B (revision_ab), though
+    B=64's own tuning still picks 64/4 in some runs (BENCHMARKS.md, eighteenth session).
     """
     heads = N * HV
     heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 1024 else 3 if heads < 4096 else 4
