@@ -73,6 +73,7 @@ of 168).
 
 from __future__ import annotations
 
+import bisect
 import os
 
 import torch
@@ -383,6 +384,9 @@ def _per_sequence(tokens: int, N: int) -> int:
     return tokens // max(N, 1)
 
 
+_HEADS_TIER_BOUNDS = (64, 512, 1024, 4096)  # tune_key's heads tiers: below 64, below 512, ..., 4096 and more
+
+
 def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int, per_token: bool = False,
              v_first: bool = False) -> TuneKey:
     """The tuning key of a launch of N sequences and ``tokens`` tokens in all: (K, V, pool, per-token
@@ -390,7 +394,7 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
 
     The tier folds the parallelism of N * HV heads (< 64, < 512, < 1024, < 4096, more: small decode
     batches want many narrow programs, large ones wide blocks) with the tokens per sequence (1, 2, more:
-    a token loop's serial reductions favour fewer warps): tier = heads tier + 5 * tokens tier. A key's
+    a token loop's serial reductions favour fewer warps), one number for each pair of tiers. A key's
     first launch picks the config for every launch with that key, so one key must not span shapes whose
     best configs differ: on an H100, T=2 and T=4 at B=256 (HV=32) ran fastest at (64, 4) and (8, 1), 9%
     and 16% apart, and the old tier (T > 1) kept whichever came first. Likewise the GVA ratio: at T=2
@@ -402,11 +406,11 @@ def tune_key(K: int, V: int, *, pool: bool, N: int, H: int, HV: int, tokens: int
     interleaved); keyed apart, B=64 and 128 ran 1.2% and 0.7% faster in one A/B (revision_ab), though
     B=64's own tuning still picks 64/4 in some runs (BENCHMARKS.md, eighteenth session).
     """
-    heads = N * HV
-    heads_tier = 0 if heads < 64 else 1 if heads < 512 else 2 if heads < 1024 else 3 if heads < 4096 else 4
+    heads_tier = bisect.bisect_right(_HEADS_TIER_BOUNDS, N * HV)
     T = _per_sequence(tokens, N)
     tokens_tier = 0 if T <= 1 else 1 if T == 2 else 2
-    return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, heads_tier + 5 * tokens_tier)
+    tier = heads_tier + (len(_HEADS_TIER_BOUNDS) + 1) * tokens_tier
+    return (K, V, bool(pool), bool(per_token), bool(v_first), HV // H, tier)
 
 
 # Lanes along the keys of a V-first state tile with several tokens per sequence (key_runs). Measured on an
