@@ -27,6 +27,10 @@ qwen3-next's heads, leaving most of the GPU idle) goes on through group g while 
 kernel and group g - 1's output pass fill the rest; 1.05-1.08x at B=1 T >= 8192 on an H100. With the
 output fused into the walk (many walks, which fill the GPU) it was slower, so it is not the default there.
 
+On Hopper (sm_90), where a walk's programs make one wave, the walk with the output fused in is a Gluon
+kernel instead (``chunk_walk_sm90``, ``walk="sm90"``; default: see SM90_WALK_MIN_CHUNKS): it issues the
+chunk's independent products together, where Triton waits for each. 1.13-1.25x on qwen3-next B=1.
+
 What each should buy on Hopper: (1) ``chunk``'s (a) and (b) less a launch and the gc re-read. (2) Against
 storing W and U (the prep kernel then took V and two more dots, and held 212 registers at K = V = 128,
 two programs per SM): the prep kernel writes 64 values per token and head instead of K + V, reads no V,
@@ -49,6 +53,7 @@ lives in ``chunk``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -60,10 +65,11 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _b
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
+from . import chunk_walk_sm90
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
-           "describe"]
+           "walk_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -201,7 +207,17 @@ def _prep(x: _Args, over: ChunkLayout, first_chunk: int = 0) -> None:
             BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
 
 
-def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_state: bool) -> None:
+def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str) -> None:
+    """The state pass with the output fused in, over the sequences of ``over`` from h0 (or zero), final states
+    to ht (or not stored): the Triton walk or, ``walk == "sm90"``, the Gluon one (chunk_walk_sm90)."""
+    if walk == "sm90":
+        chunk_walk_sm90.fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
+                                   prefetch_gates=over.max_len >= SM90_PREFETCH_MIN_CHUNKS * CHUNK)
+    else:
+        _state_pass(x, _state_kernel, over, h0, ht, fuse=True)
+
+
+def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_state: bool, walk: str) -> None:
     """Prep, walk and output pass group by group (see PipelineLayout); on a GPU the three run on their
     own streams, forked from and joined back into the caller's (CUDA-graph capturable)."""
     ws, last = x.ws, len(pipe.groups) - 1
@@ -210,11 +226,13 @@ def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_s
     def prep(g: int) -> None:
         _prep(x, pipe.groups[g], chunk_firsts[g])
 
-    def walk(g: int) -> None:
+    def walk_group(g: int) -> None:
         ht = (ws.final_state if output_final_state else None) if g == last else ws.handoff[g % 2]
-        h = None if fuse_output else ws.h[block_firsts[g]:]
-        _state_pass(x, _state_kernel if fuse_output else _chunk_state_kernel, pipe.groups[g],
-                    x.h0 if g == 0 else ws.handoff[(g - 1) % 2], ht, fuse=fuse_output, h=h)
+        h0 = x.h0 if g == 0 else ws.handoff[(g - 1) % 2]
+        if fuse_output:
+            _walk_with_output(x, pipe.groups[g], h0, ht, walk)
+        else:
+            _state_pass(x, _chunk_state_kernel, pipe.groups[g], h0, ht, h=ws.h[block_firsts[g]:])
 
     def output(g: int) -> None:
         _output_pass(x, _output_kernel(x.span), pipe.groups[g], h=ws.h[block_firsts[g]:])
@@ -222,7 +240,7 @@ def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_s
     if x.q.device.type != "cuda":
         for g in range(last + 1):
             prep(g)
-            walk(g)
+            walk_group(g)
             if not fuse_output:
                 output(g)
         return
@@ -242,7 +260,7 @@ def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_s
         with torch.cuda.stream(walk_s):
             if g:
                 walk_s.wait_event(prepped[g])
-            walk(g)
+            walk_group(g)
         if not fuse_output:
             walked = torch.cuda.Event()
             walked.record(walk_s)
@@ -274,15 +292,26 @@ PIPELINE_MIN_CHUNK_HEADS = 4096  # NT * HV
 PIPELINE_GROUP_CHUNKS = (32, 128)  # the least and the most chunks per group
 
 
-def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: SegmentLayout | None = None
-                     ) -> int | None:
-    """Chunks per pipeline group by default (see PIPELINE_MIN_CHUNKS), or None for one call: for long
-    sequences whose output pass runs on its own."""
+# The Gluon walk (walk "sm90", the output fused in) pipelined by default from walks of this many chunks, in
+# groups of an eighth of them (32 to 128). Forced on an H100 (chunk_fused_sweep walk, us; one call, then groups
+# of 32 / 64 / 128), qwen3-next B=1: T=16384 603.0 vs 606.7 / 616.6 / 632.2; T=32768 1175.9 vs 1163.1 / 1133.6 /
+# 1184.8; T=65536 2309.0 vs 2282.9 / 2225.0 / 2184.2.
+SM90_PIPELINE_MIN_CHUNKS = 512
+
+
+def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: SegmentLayout | None = None,
+                     walk: str = "triton") -> int | None:
+    """Chunks per pipeline group by default (see PIPELINE_MIN_CHUNKS and SM90_PIPELINE_MIN_CHUNKS), or None
+    for one call: for long sequences whose output pass runs on its own, or whose walk is the Gluon one."""
     chunks = triton.cdiv(layout.max_len, CHUNK)  # the longest walk
-    min_chunks = PIPELINE_MIN_CHUNKS if layout.N == 1 else PIPELINE_MIN_CHUNKS_SEVERAL
-    if fuse_output or segments is not None or chunks < min_chunks or layout.NT * HV < PIPELINE_MIN_CHUNK_HEADS:
-        return None
     least, most = PIPELINE_GROUP_CHUNKS
+    if segments is not None:
+        return None
+    if walk == "sm90":
+        return min(max(chunks // 8 // 2 * 2, least), most) if chunks >= SM90_PIPELINE_MIN_CHUNKS else None
+    min_chunks = PIPELINE_MIN_CHUNKS if layout.N == 1 else PIPELINE_MIN_CHUNKS_SEVERAL
+    if fuse_output or chunks < min_chunks or layout.NT * HV < PIPELINE_MIN_CHUNK_HEADS:
+        return None
     return min(max(chunks // 4 // 2 * 2, least), most)
 
 
@@ -303,6 +332,43 @@ def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
     runs at all, see OUTPUT_SPAN2_CANDIDATES), else 1; 1 with the chunk-parallel state pass."""
     large = layout.NT * HV >= OUTPUT_SPAN2_MIN_CHUNK_HEADS and K >= OUTPUT_SPAN2_MIN_K
     return 2 if large and segments is None else 1
+
+
+# When the walk with the output fused in is chunk_walk_sm90's Gluon kernel by default (walk_default): where it
+# runs, when its programs (N * HV * V / BV, two per SM) make one wave that fills at least half the SMs, on walks
+# of 8 chunks or more (the shortest measured). With more programs, BV 32 (twice the Triton walk's programs at
+# BV 64) loses; with fewer, the Triton path's output pass, parallel over chunks, wins. Whole calls on an H100
+# (chunk_fused_sweep walk, us, Triton default -> Gluon; walks of 128 columns, N * HV * V / 128):
+#   qwen3-next B=1 T=4096..65536 (32): 192.6 -> 159.5, 350.3 -> 306.3, 651.1 -> 598.2, 1273.1 -> 1174.6,
+#       2497.4 -> 2333.1; parity B=8 T=512 H=HV=8 (64): 50.1 -> 42.0;
+#   fewer: parity B=4 T=1024 H=HV=4 (16) 40.2 -> 41.9, B=2 T=1500 (8) 46.5 -> 54.3;
+#   more: parity B=16 T=256 (128) 41.2 -> 44.6, B=32 T=128 (256) 44.4 -> 50.0, B=64 T=64 (512) 50.9 -> 57.5,
+#       qwen3-next B=4 T=8192 (128) 792.8 -> 943.0; but unequal varlen N=32 T=4096 HV=4 (128, longest 514)
+#       49.0 -> 43.6 and N=64 T=6656 (256, longest 408) 51.8 -> 50.0, left to the Triton walk by this rule.
+# Pipelined (prep of the next group beside the walk) it lost everywhere: B=1 T=65536 2333 -> 2983 (groups of 128).
+SM90_WALK_MIN_CHUNKS = 8
+# The Gluon walk loads each chunk's gates one chunk ahead on walks of this many chunks or more. Walk alone on an
+# H100 (us, without -> with): B=1 T=8192 / 32768 HV=32 222.7 -> 215.9 / 876.5 -> 830.2; shorter walks lose what
+# the spill it costs (40 bytes) takes: B=8 T=512 H=HV=8 24.6 -> 25.8, B=4 T=1024 H=HV=4 27.9 -> 28.9, B=2
+# T=1500 40.2 -> 41.1.
+SM90_PREFETCH_MIN_CHUNKS = 64
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
+                 segments: SegmentLayout | None = None) -> str:
+    """Which walk runs by default: "sm90" (chunk_walk_sm90, the output always fused in) where it runs, its
+    programs make one wave of two per SM that fills half the SMs or more, and the longest walk has
+    SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
+    if segments is not None or layout.max_len < SM90_WALK_MIN_CHUNKS * CHUNK or \
+            chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
+        return "triton"
+    programs, sms = layout.N * HV * triton.cdiv(V, chunk_walk_sm90.BV), _sm_count(q.device)
+    return "sm90" if sms // 2 < programs <= 2 * sms else "triton"
 
 
 def chunk_fused_gdn(
@@ -328,6 +394,7 @@ def chunk_fused_gdn(
     segments: SegmentLayout | None = None,
     output_span: int | None = None,
     pipeline: PipelineLayout | None = None,
+    walk: str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
@@ -338,11 +405,21 @@ def chunk_fused_gdn(
     same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
     pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
-    ``pipeline=True``); never with segments.
+    ``pipeline=True``); never with segments. walk: "triton", or "sm90" for the Gluon walk of chunk_walk_sm90
+    (Hopper; the output fused in, no segments); None: ``walk_default(layout, q, V, HV, qk_l2norm, segments)``.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
-    HV, K = v.shape[2], q.shape[3]
-    fuse = fuse_output_default(lay, HV, K, segments) if fuse_output is None else fuse_output
+    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
+    walk = walk_default(lay, q, V, HV, qk_l2norm, segments) if walk is None else walk
+    if walk == "sm90":
+        why = chunk_walk_sm90.unsupported(q, V, qk_l2norm) or (
+            "it walks whole sequences (no segments)" if segments is not None else
+            "it always computes the output in the walk" if fuse_output is False else None)
+        if why:
+            raise ValueError(f"walk='sm90' cannot run this call: {why}")
+    elif walk != "triton":
+        raise ValueError(f"walk must be 'triton' or 'sm90', got {walk!r}")
+    fuse = walk == "sm90" or (fuse_output_default(lay, HV, K, segments) if fuse_output is None else fuse_output)
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
     if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):
         raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
@@ -351,7 +428,10 @@ def chunk_fused_gdn(
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
                pipeline=pipeline is not None)
     if pipeline is not None:
-        _pipelined(x, pipeline, fuse, output_final_state)
+        _pipelined(x, pipeline, fuse, output_final_state, walk)
+    elif walk == "sm90":
+        _prep(x, lay)
+        _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk)
     else:
         _prep(x, lay)
         _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
@@ -365,8 +445,10 @@ def _output_kernel(span: int):
     return _output_span2_kernel if span == 2 else _chunk_output_kernel
 
 
-def describe(*, fuse_output: bool, output_span: int = 1) -> str:
+def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton") -> str:
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
+    if walk == "sm90":
+        return f"prep[{_config_str(_chunk_prep_kernel)}], {chunk_walk_sm90.describe()}"
     return f"prep[{_config_str(_chunk_prep_kernel)}], " + _describe(
         _state_kernel if fuse_output else None, fuse_output=fuse_output, output_kernel=_output_kernel(output_span),
         output_span=output_span)

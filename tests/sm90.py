@@ -12,7 +12,8 @@ import pytest
 
 def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted: bool, num_warps: int = 4,
                  num_stages: int = 2):
-    """triton.compile(fn) for GPUTarget("cuda", 90, 32); fn: a jit function (an Autotuner's is unwrapped).
+    """triton.compile(fn) for GPUTarget("cuda", 90, 32); fn: a jit function (an Autotuner's is unwrapped) or
+    a Gluon one.
 
     signature: every argument's type ("*bf16", "i32", "constexpr", ...); interpreted: the kernel
     module's INTERPRETED flag. Pointer arguments are taken as 16-byte aligned (``tt.divisibility``),
@@ -32,8 +33,11 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
         pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
     if isinstance(fn, triton.runtime.Autotuner):
         fn = fn.fn
+    source = ASTSource
+    if fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as source
     aligned = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names) if signature[arg].startswith("*")}
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
+    compiled = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
     assert "cubin" in compiled.asm and ".reg" in compiled.asm["ptx"]
     return compiled

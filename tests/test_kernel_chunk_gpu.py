@@ -96,11 +96,12 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("fuse_output", [False, True])
-def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, monkeypatch):
+@pytest.mark.parametrize("fuse_output,walk", [(False, "triton"), (True, "triton"), (True, "sm90")])
+def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monkeypatch):
     """chunk_fused's pipeline (groups of chunks of every sequence on their own streams, forked from and
     joined into the timed stream) captured and replayed as the harness times it: bitwise one call's
     results. Unequal sequences, so that later groups hold empty ranges; 5 groups, both hand-off buffers.
+    With the Gluon walk for Hopper too (walk "sm90"), whose groups end mid-chunk at a sequence's end.
     One config per kernel, as written (at D = 128 no prune would reshape it): a group's autotuner keys (its
     walk length, its chunks) differ from the call's, and so could its pruned configs."""
     from gdnbench_kernels import chunk, chunk_fused
@@ -114,9 +115,13 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, monkeypatc
     kw, _ = kernel_inputs(gen, B=1, T=1000, H=2, HV=4, K=128, V=128, dtype="bf16", seqs=[620, 64, 316],
                           raw=False, l2=False, gate_norm=10.0)
     kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    if walk == "sm90" and chunk_fused.chunk_walk_sm90.unsupported(kw["q"], 128, False):
+        pytest.skip(chunk_fused.chunk_walk_sm90.unsupported(kw["q"], 128, False))
     layout = chunk.ChunkLayout.build(1, 1000, kw["cu_seqlens"], DEVICE)
     span = 1 if fuse_output else 2
-    results = []
+    results, launches = [], []
+    real_walk = chunk_fused.chunk_walk_sm90.fused_walk
+    monkeypatch.setattr(chunk_fused.chunk_walk_sm90, "fused_walk", lambda *a, **k: launches.append(a) or real_walk(*a, **k))
     for pipe in (None, chunk_fused.PipelineLayout.build(layout, 2)):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False,
                                            fuse_output=fuse_output, final_state=True, output_span=span,
@@ -125,8 +130,11 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, monkeypatc
 
         def call() -> None:
             chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=fuse_output, output_span=span, pipeline=pipe)
+                                        fuse_output=fuse_output, output_span=span, pipeline=pipe, walk=walk)
 
+        launches.clear()
+        call()  # the Gluon walk runs once per group, or not at all
+        assert len(launches) == (0 if walk == "triton" else 1 if pipe is None else 5)
         measure(call, device=DEVICE, config=SHORT)
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()

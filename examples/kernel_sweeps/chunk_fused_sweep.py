@@ -8,6 +8,9 @@
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
                several segment sizes, each with the output pass and with the output folded in;
+  walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
+               (with the default output rule, and with the output fused in) and the Gluon walk for Hopper
+               (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks);
   pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
                output pass, or the walk with the output fused in, group by group on their own streams)
                at several group sizes; the output is fused in or not by the kernel's default rule.
@@ -119,13 +122,24 @@ def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes:
                     [_prepare(p, fused=True, pipeline_chunks=c) for c in sizes])
 
 
+def sweep_walk(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
+    _sweep_variants(suite, pattern, device,
+                    ["default", "triton", "triton fused", "sm90"] + [f"sm90 groups of {c}" for c in sizes],
+                    lambda p: [_prepare(p, fused=True),
+                               _prepare(p, fused=True, walk="triton"),
+                               _prepare(p, fused=True, walk="triton", fuse_output=True),
+                               _prepare(p, fused=True, walk="sm90", pipeline_chunks=0)] +
+                    [_prepare(p, fused=True, walk="sm90", pipeline_chunks=c) for c in sizes])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = tool_parser(__doc__)
     sub = parser.add_subparsers(dest="sweep", required=True)
     for name, help_ in (("configs", "force each candidate config of one kernel"),
                         ("fuse-output", "output pass vs output folded into the state pass"),
                         ("segments", "the sequential state pass vs the chunk-parallel one"),
-                        ("pipeline", "one call vs prep, walk and output pass overlapped group by group")):
+                        ("pipeline", "one call vs prep, walk and output pass overlapped group by group"),
+                        ("walk", "the Triton walk vs the Gluon one for Hopper, the output fused in")):
         cmd = sub.add_parser(name, help=help_)
         add_case_arguments(cmd)
         if name == "configs":
@@ -138,9 +152,10 @@ def main(argv: list[str] | None = None) -> None:
         if name == "segments":
             cmd.add_argument("-s", "--segment-chunks", type=int, action="append",
                              help="chunks per segment (repeatable; default: 16, 32, 64)")
-        if name == "pipeline":
+        if name in ("pipeline", "walk"):
             cmd.add_argument("-g", "--group-chunks", type=int, action="append",
-                             help="chunks per group, even (repeatable; default: 32, 64, 128)")
+                             help="chunks per group, even (repeatable; default: 32, 64, 128 for pipeline, "
+                                  "none for walk)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.sweep == "configs":
@@ -154,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
         sweep_fuse_output(args.suite, args.filter, device)
     elif args.sweep == "pipeline":
         sweep_pipeline(args.suite, args.filter, device, args.group_chunks or [32, 64, 128])
+    elif args.sweep == "walk":
+        sweep_walk(args.suite, args.filter, device, args.group_chunks or [])
     else:
         sweep_segments(args.suite, args.filter, device, args.segment_chunks or [16, 32, 64])
 

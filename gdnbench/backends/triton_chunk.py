@@ -37,7 +37,7 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
              segment_chunks: int | None = None, output_span: int | None = None,
-             pipeline_chunks: int | None = None) -> Prepared:
+             pipeline_chunks: int | None = None, walk: str | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks.
@@ -45,7 +45,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     pipeline_chunks (fused only, no segments): prep, walk and output pass (or the walk with the output fused
     in) in groups of that many chunks of every sequence, overlapped on their own streams
     (``chunk_fused.PipelineLayout``); None: the kernel's default rule (``chunk_fused.pipeline_default``),
-    0: one call."""
+    0: one call. walk (fused only): "triton", or "sm90" for the Gluon walk on Hopper (which fuses the output
+    in); None: the kernel's default rule (``chunk_fused.walk_default``)."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -54,6 +55,11 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
+    if walk is None:
+        walk = chunk_fused.walk_default(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments) if fused \
+            else "triton"
+    if walk == "sm90":
+        fuse_output = True
     if fuse_output is None:
         fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K, segments)
     fuse_output = fused and fuse_output
@@ -61,7 +67,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
     span = output_span if fused and not fuse_output else 1
     if pipeline_chunks is None:
-        pipeline_chunks = chunk_fused.pipeline_default(layout, case.HV, fuse_output, segments) if fused else None
+        pipeline_chunks = chunk_fused.pipeline_default(layout, case.HV, fuse_output, segments, walk) if fused else None
     pipeline = chunk_fused.PipelineLayout.build(layout, pipeline_chunks) if pipeline_chunks else None
     ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
                                        final_state=case.output_final_state, segments=segments, output_span=span,
@@ -73,7 +79,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     if fused:
         def call() -> None:
             chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments,
-                                        output_span=span, pipeline=pipeline)
+                                        output_span=span, pipeline=pipeline, walk=walk)
 
         kernels = "gate+kkt+solve in one, W/U in the state pass" + (
             f", state pass over segments of {segment_chunks} chunks" if segments else "") + (
@@ -88,7 +94,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
-    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span) if fused
+    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk) if fused
                 else chunk.describe(fuse_output=False))
     notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
     if raw:

@@ -1,0 +1,272 @@
+"""``chunk_fused``'s walk with the output fused in, for Hopper (sm_90), in Gluon with asynchronous wgmma.
+
+The same math as ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT: one program per (sequence, value
+head, V-block of BV columns) walks the sequence's chunks with its [K, BV] state in registers, reading the prep
+kernel's gc and Ai = (I + A)^-1 diag(beta). Per chunk:
+
+    K S, Q S and Q K^T        issued together (the state goes through shared memory in the input dtype)
+    X = V - exp(gc) o (K S),  v_new = Ai X
+    S <- exp(gc_last) S + K^T (v_new decayed to the chunk's end)    } issued together; only the state
+    O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new           } is waited for
+
+The output is retired, and stored, while the next chunk's K S runs. Tiles arrive by TMA: q, v and Ai one
+chunk ahead, k two chunks ahead (two buffers), so no load waits on the chain.
+
+Why a second kernel: Triton (3.6) waits for every wgmma right after issuing it, so the Triton walk runs its
+six products one after the other (BENCHMARKS.md, seventeenth session). Here only K S -> Ai X -> the state
+update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more than 255 registers and
+spilled, slower than the Triton walk at every size tried (H100). So it pays where BV 32's programs make one
+wave (``chunk_fused.walk_default``, with the measurements); with many walks, Triton's BV 64 wins.
+
+Envelope (``unsupported``): sm_90, bf16 or fp16 inputs, K = V = 128, q and k normalised beforehand (the
+Triton walk normalises them per tile). Any sequence lengths: a short last chunk's rows past the sequence
+end hold the next sequence's tokens (TMA cannot clamp rows), which its masks drop as the Triton walk's
+clamped rows are dropped: Ai's columns for them are 0 (beta = 0 there), X and v_new are zeroed there, the
+causal mask drops them as keys, the state update drops their writes, and that chunk's output is stored row by row.
+Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU tests run it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as e:  # a triton without Gluon: the Triton walk runs instead
+    GLUON_MISSING: str | None = f"triton without Gluon for Hopper ({e})"
+else:
+    GLUON_MISSING = None
+
+__all__ = ["fused_walk", "unsupported", "BV", "describe"]
+
+BT = 64  # tokens per chunk (chunk.CHUNK)
+BV = 32  # value columns per program (see the module docstring)
+WARPS = 4  # one warpgroup
+
+
+if GLUON_MISSING is None:
+    # renamed after triton 3.6: TMA copies (async_copy_global_to_shared -> async_load, ...)
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # likewise thread_barrier -> barrier
+
+    @gluon.jit
+    def _exp(x):
+        """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _fetch(desc, row, col, bar, dst, pred):
+        """dst <- desc's tile at (row, col) by TMA, completing on bar (nothing when not pred)."""
+        mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+        _tma_load(desc, [row, col], bar, dst, pred=pred)
+
+    @gluon.jit
+    def _gates(gc, tok, eos, i_h, HV: gl.constexpr, BT: gl.constexpr, mma_v: gl.constexpr, mma_t: gl.constexpr):
+        """gc of the chunk starting at token tok: its rows in the layouts of the [BT, BV] tiles (rows) and of the
+        scores (rows, columns), and at its last token; rows past eos read the last one."""
+        r_v = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
+        r_t = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_t))
+        c_t = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
+        last = gl.minimum(tok + BT, eos) - 1
+        return (gl.load(gc + gl.minimum(tok + r_v, last) * HV + i_h),
+                gl.load(gc + gl.minimum(tok + r_t, last) * HV + i_h),
+                gl.load(gc + gl.minimum(tok + c_t, last) * HV + i_h), gl.load(gc + last * HV + i_h))
+
+    @gluon.jit
+    def _chunk_front(t, NT, bos, eos, S, O, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s, bars, q_desc, v_desc,
+                     ai_desc, o_desc, gc, i_h, col_k, col_v, scale, HV: gl.constexpr, BT: gl.constexpr,
+                     BV: gl.constexpr, mma_v: gl.constexpr, mma_t: gl.constexpr, HAS_O: gl.constexpr,
+                     PREFETCH_GATES: gl.constexpr):
+        """Chunk t up to v_new, storing O (chunk t - 1's pending output) on the way. Leaves v_new in vn_s and
+        its rows decayed to the chunk's end in x_s; returns (the scores as an A operand, exp(gc) o Q S,
+        gc at the chunk's last token, gates). PREFETCH_GATES: ``gates`` holds this chunk's gc (``_gates``), and
+        the next chunk's are loaded here and returned, so that their latency hides behind this chunk;
+        else this chunk's are loaded here and ``gates`` passes through."""
+        dt: gl.constexpr = q_desc.dtype
+        tok = bos + t * BT
+        r_v = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
+        r_t = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_t))
+        c_t = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
+        if PREFETCH_GATES:
+            gc_v, gc_r, gc_c, gc_last = gates
+            gates = _gates(gc, tok + BT, eos, i_h, HV, BT, mma_v, mma_t)
+        else:
+            gc_v, gc_r, gc_c, gc_last = _gates(gc, tok, eos, i_h, HV, BT, mma_v, mma_t)
+        valid = (tok + r_v < eos)[:, None]
+        s_s.store(S.to(dt))
+        fence_async_shared()
+        k_cur = k_s.index(t % 2)
+        mbarrier.wait(bars.index(3 + t % 2), (t // 2) & 1)
+        zero = gl.zeros([BT, BV], gl.float32, mma_v)
+        KS = warpgroup_mma(k_cur, s_s, zero, use_acc=False, is_async=True)
+        mbarrier.wait(bars.index(0), t & 1)
+        QS = warpgroup_mma(q_s, s_s, zero, use_acc=False, is_async=True)
+        QK = warpgroup_mma(q_s, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_t), use_acc=False,
+                           is_async=True)
+        if HAS_O:  # in-order completion: K S done means chunk t - 1's output is too
+            KS, O = warpgroup_mma_wait(num_outstanding=2, deps=(KS, O))
+            _store_tile(O * scale, tok - BT, col_v, o_s, o_desc)
+        else:
+            KS = warpgroup_mma_wait(num_outstanding=2, deps=(KS, ))
+        mbarrier.wait(bars.index(1), t & 1)
+        X = gl.where(valid, v_s.load(mma_v).to(gl.float32) - _exp(gc_v)[:, None] * KS, 0.0)
+        x_s.store(X.to(dt))
+        fence_async_shared()
+        mbarrier.wait(bars.index(2), t & 1)
+        VN = warpgroup_mma(ai_s, x_s, zero, use_acc=False, is_async=True)
+        VN, QS, QK = warpgroup_mma_wait(num_outstanding=0, deps=(VN, QS, QK))
+        _cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
+        more = t + 1 < NT
+        _fetch(q_desc, tok + BT, col_k, bars.index(0), q_s, more)
+        _fetch(v_desc, tok + BT, col_v, bars.index(1), v_s, more)
+        _fetch(ai_desc, tok + BT, i_h * BT, bars.index(2), ai_s, more)
+        VN = gl.where(valid, VN, 0.0)
+        vn_s.store(VN.to(dt))
+        x_s.store((VN * _exp(gc_last - gc_v)[:, None]).to(dt))
+        fence_async_shared()
+        P = QK * _exp(gl.where(r_t[:, None] >= c_t[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
+        Pa = gl.convert_layout(P.to(dt), gl.DotOperandLayout(operand_index=0, parent=mma_v, k_width=2))
+        return Pa, QS * _exp(gc_v)[:, None], gc_last, gates
+
+    @gluon.jit
+    def _chunk_back(t, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT: gl.constexpr):
+        """Chunk t's state update and output, issued together; waits for the state only and refills the
+        chunk's k buffer with chunk t + 2. Returns (S, the output still in flight)."""
+        k_cur = k_s.index(t % 2)
+        S = warpgroup_mma(k_cur.permute((1, 0)), x_s, S * _exp(gc_last), is_async=True)
+        O = warpgroup_mma(Pa, vn_s, QSd, is_async=True)
+        S = warpgroup_mma_wait(num_outstanding=1, deps=(S, ))
+        _fetch(k_desc, bos + (t + 2) * BT, col_k, bars.index(3 + t % 2), k_cur, t + 2 < NT)
+        return S, O
+
+    @gluon.jit
+    def _store_tile(O, row, col, o_s, o_desc):
+        """O to the output tile at (row, col) by TMA, through o_s (once its previous tile has left)."""
+        tma.store_wait(pendings=0)
+        o_s.store(O.to(o_s.dtype))
+        fence_async_shared()
+        _tma_store(o_desc, [row, col], o_s)
+
+    @gluon.jit
+    def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale,
+                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                           BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                           PREFETCH_GATES: gl.constexpr):
+        NV: gl.constexpr = V // BV
+        i_nh = gl.program_id(0) // NV
+        i_v = gl.program_id(0) % NV
+        i_n = i_nh // HV
+        i_h = i_nh % HV
+        bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
+        eos = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32)
+        NT = (eos - bos + BT - 1) // BT
+        mma_v: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
+        mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        rows_k = gl.arange(0, K, layout=gl.SliceLayout(1, mma_v))
+        cols_v = gl.arange(0, BV, layout=gl.SliceLayout(0, mma_v))
+        h_off = (i_n * HV + i_h).to(gl.int64) * K * V + rows_k[:, None] * V + (i_v * BV + cols_v)[None, :]
+        if USE_H0:
+            S = gl.load(h0 + h_off)
+        else:
+            S = gl.zeros([K, BV], gl.float32, mma_v)
+        dt: gl.constexpr = q_desc.dtype
+        q_s = gl.allocate_shared_memory(dt, [BT, K], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [2, BT, K], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        ai_s = gl.allocate_shared_memory(dt, [BT, BT], ai_desc.layout)
+        s_s = gl.allocate_shared_memory(dt, [K, BV], v_desc.layout)
+        x_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
+        o_s = gl.allocate_shared_memory(dt, [BT, BV], o_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())  # q, v, Ai, k x 2
+        for i in gl.static_range(5):
+            mbarrier.init(bars.index(i), count=1)
+        if NT > 0:  # an empty sequence (varlen) keeps h0
+            col_v = i_h * V + i_v * BV
+            col_k = (i_h // (HV // H)) * K
+            _fetch(q_desc, bos, col_k, bars.index(0), q_s, True)
+            _fetch(v_desc, bos, col_v, bars.index(1), v_s, True)
+            _fetch(ai_desc, bos, i_h * BT, bars.index(2), ai_s, True)
+            _fetch(k_desc, bos, col_k, bars.index(3), k_s.index(0), True)
+            _fetch(k_desc, bos + BT, col_k, bars.index(4), k_s.index(1), NT > 1)
+            gates = _gates(gc, bos, eos, i_h, HV, BT, mma_v, mma_t)
+            Pa, QSd, gc_last, gates = _chunk_front(0, NT, bos, eos, S, None, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
+                                            bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v, scale,
+                                            HV, BT, BV, mma_v, mma_t, False, PREFETCH_GATES)
+            for t in range(1, NT):
+                S, O = _chunk_back(t - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT)
+                Pa, QSd, gc_last, gates = _chunk_front(t, NT, bos, eos, S, O, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
+                                                bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v,
+                                                scale, HV, BT, BV, mma_v, mma_t, True, PREFETCH_GATES)
+            S, O = _chunk_back(NT - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT)
+            O = warpgroup_mma_wait(num_outstanding=0, deps=(O, )) * scale
+            tok = bos + (NT - 1) * BT
+            if tok + BT <= eos:
+                _store_tile(O, tok, col_v, o_s, o_desc)
+            else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+                r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
+                ptrs = o + (tok + r).to(gl.int64)[:, None] * (HV * V) + (col_v + cols_v)[None, :]
+                gl.store(ptrs, O.to(dt), mask=(tok + r < eos)[:, None])
+            tma.store_wait(pendings=0)
+        for i in gl.static_range(5):
+            mbarrier.invalidate(bars.index(i))
+        if STORE_HT:
+            gl.store(ht + h_off, S)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def unsupported(q: Tensor, V: int, qk_l2norm: bool) -> str | None:
+    """Why this kernel cannot run a call with these inputs (None: it can)."""
+    K = q.shape[-1]
+    if GLUON_MISSING:
+        return GLUON_MISSING
+    if q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return "needs an sm_90 GPU"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 inputs, got {q.dtype}"
+    if K != 128 or V != 128:
+        return f"written for K = V = 128, got K={K}, V={V}"
+    if qk_l2norm:
+        return "takes q and k normalised beforehand"
+    return None
+
+
+def _descriptor(x: Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of block tiles over x [tokens, heads * dim] (contiguous)."""
+    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor(x, list(x.shape), [x.shape[1], 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
+
+
+def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
+               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, prefetch_gates: bool) -> None:
+    """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds
+    ([N, 2] token ranges into the flat batch; each starts at a chunk boundary of its sequence) from h0 (fp32,
+    or zero): ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
+    [B, T, HV, 128], gc [B*T, HV] fp32, Ai [B*T, HV, 64], all contiguous (see ``unsupported``).
+    prefetch_gates: load each chunk's gc one chunk ahead (for long walks: ``chunk_fused._walk_with_output``)."""
+    H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
+    tokens = q.shape[0] * q.shape[1]
+    descs = (_descriptor(q.view(tokens, H * K), [BT, K]), _descriptor(k.view(tokens, H * K), [BT, K]),
+             _descriptor(v.view(tokens, HV * V), [BT, BV]), _descriptor(Ai.view(tokens, HV * BT), [BT, BT]),
+             _descriptor(out.view(tokens, HV * V), [BT, BV]))
+    _fused_walk_kernel[(N * HV * (V // BV),)](*descs, out, gc, h0, ht, seq_bounds, scale, H=H, HV=HV, K=K, V=V,
+                                              BV=BV, BT=BT, USE_H0=h0 is not None, STORE_HT=ht is not None,
+                                              PREFETCH_GATES=prefetch_gates, num_warps=WARPS)
+
+
+def describe() -> str:
+    """The walk's settings, for a result row's path."""
+    return f"gluon sm90 walk BV={BV} w{WARPS} (async wgmma, TMA)"

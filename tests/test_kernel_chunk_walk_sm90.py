@@ -1,0 +1,161 @@
+"""gdnbench_kernels.chunk_walk_sm90, chunk_fused's Gluon walk for Hopper.
+
+Gluon has no interpreter: on a CPU the kernel is compiled for sm_90 and chunk_fused's choice of walk is
+checked; on an sm_90 GPU its outputs and final states are compared with the fp64 recurrence and with the
+Triton walk, replayed from a CUDA graph as the harness times it, on NaN-poisoned outputs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnbench.reference import gdn_recurrent
+from gdnbench.timing import TimingConfig, default_timer, measure
+from tests.kernel_inputs import kernel_inputs
+from tests.sm90 import compile_sm90
+
+
+def _sm90() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("dtype,prefetch", [("bf16", False), ("bf16", True), ("fp16", False)])
+def test_walk_compiles_for_sm90_in_two_programs_per_sm(dtype, prefetch):
+    from gdnbench_kernels import chunk_walk_sm90 as walk
+
+    if walk.GLUON_MISSING:
+        pytest.skip(walk.GLUON_MISSING)
+    from triton.experimental.gluon import language as gl
+
+    dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
+    const = dict(H=2, HV=4, K=128, V=128, BV=walk.BV, BT=walk.BT, USE_H0=True, STORE_HT=True, PREFETCH_GATES=prefetch)
+    sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, walk.BV]), ai_desc=desc([64, 64]),
+               o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
+               scale="fp32", **{name: "constexpr" for name in const})
+    compiled = compile_sm90(walk._fused_walk_kernel, sig, const, interpreted=False, num_warps=walk.WARPS)
+    # the walk is latency bound: a second program per SM is what hides it (228 KB of shared memory per SM)
+    assert compiled.metadata.shared <= 113 * 1024
+
+
+def test_walk_choice_and_its_errors():
+    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+
+    gen = torch.Generator().manual_seed(0)
+    kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
+    layout = chunk.ChunkLayout.build(1, 64, None, "cpu")
+    assert chunk_fused.walk_default(layout, kw["q"], 128, 2, False) == "triton"  # not on an sm_90 GPU
+    assert "sm_90" in chunk_walk_sm90.unsupported(kw["q"], 128, False) or chunk_walk_sm90.GLUON_MISSING
+    with pytest.raises(ValueError, match="walk='sm90' cannot run this call"):
+        chunk_fused.chunk_fused_gdn(**kw, walk="sm90")
+    with pytest.raises(ValueError, match="walk must be"):
+        chunk_fused.chunk_fused_gdn(**kw, walk="cuda")
+
+
+@pytest.mark.parametrize("B,T,HV,walk,pipeline", [
+    (1, 4096, 32, "sm90", None),  # qwen3-next B=1: 128 programs
+    (1, 16384, 32, "sm90", None),
+    (1, 32768, 32, "sm90", 64),  # long enough to pipeline, in groups of an eighth
+    (1, 65536, 32, "sm90", 128),
+    (8, 512, 8, "sm90", None),  # 256 programs: one wave of two per SM
+    (8, 448, 8, "triton", None),  # walks of 7 chunks: shorter than measured
+    (4, 1024, 4, "triton", 64),  # 64 programs: under half the SMs (the Triton path's output pass wins)
+    (16, 256, 8, "triton", None),  # 512: two waves
+    (4, 8192, 32, "triton", None),
+])
+def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
+    """walk_default and pipeline_default on an H100's 132 SMs, with the device's answers faked on a CPU."""
+    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+
+    monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    layout = chunk.ChunkLayout.build(B, T, None, "cpu")
+    q = torch.empty(B, T, 16, 128)
+    assert chunk_fused.walk_default(layout, q, 128, HV, False) == walk
+    assert chunk_fused.walk_default(layout, q, 128, HV, False, chunk.SegmentLayout.build(layout, 8)) == "triton"
+    if walk == "sm90":
+        assert chunk_fused.pipeline_default(layout, HV, True, walk=walk) == pipeline
+
+
+def test_pipelined_groups_each_run_the_sm90_walk(monkeypatch):
+    """chunk_fused's dispatch with walk="sm90", on a CPU with the kernels replaced by recorders: one Gluon walk
+    per pipeline group, each over its group's token ranges, the state handed from group to group through
+    the two hand-off buffers and the last group's into the final state."""
+    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+
+    gen = torch.Generator().manual_seed(1)
+    kw, _ = kernel_inputs(gen, B=1, T=1000, H=2, HV=4, K=128, V=128, dtype="bf16", seqs=[620, 64, 316], raw=False,
+                          l2=False)
+    h0 = torch.randn(3, 4, 128, 128, generator=gen)
+    layout = chunk.ChunkLayout.build(1, 1000, kw["cu_seqlens"], "cpu")
+    pipe = chunk_fused.PipelineLayout.build(layout, 2)
+    ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
+                                       final_state=True, pipeline=True)
+    walks = []
+    monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_walk_sm90, "fused_walk", lambda *a, **k: walks.append(a))
+    monkeypatch.setattr(chunk_fused, "_prep", lambda *a: None)
+    monkeypatch.setattr(chunk_fused, "_state_pass", lambda *a, **k: pytest.fail("the Triton walk ran"))
+    chunk_fused.chunk_fused_gdn(**kw, initial_state=h0, output_final_state=True, layout=layout, workspace=ws,
+                                pipeline=pipe, walk="sm90")
+    assert len(walks) == len(pipe.groups) == 5
+    for g, (group, (*_, h_in, h_out, seq_bounds, N, _scale)) in enumerate(zip(pipe.groups, walks)):
+        assert torch.equal(seq_bounds, group.seq_bounds) and N == group.N == 3
+        assert h_in.data_ptr() == (ws.handoff[(g - 1) % 2] if g else h0).data_ptr()
+        assert h_out.data_ptr() == (ws.final_state if g == 4 else ws.handoff[g % 2]).data_ptr()
+
+
+# ---- on an sm_90 GPU ----------------------------------------------------------------------------------
+
+GPU_CASES = [
+    # dtype, varlen lengths or (B, T), H, HV, initial state, final state
+    ("bf16", [620, 0, 64, 316, 1], 2, 4, True, True),  # short last chunks, an empty sequence, GVA 2
+    ("fp16", (2, 300), 4, 4, False, False),
+    ("bf16", (3, 128), 1, 4, True, True),  # whole chunks only, GVA 4
+]
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("dtype,seqs,H,HV,h0,final", GPU_CASES)
+def test_sm90_walk_under_graph_replay(dtype, seqs, H, HV, h0, final):
+    from gdnbench_kernels import chunk, chunk_fused
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(len(str(seqs)))
+    varlen = isinstance(seqs, list)
+    B, T = (1, sum(seqs)) if varlen else seqs
+    kw, N = kernel_inputs(gen, B=B, T=T, H=H, HV=HV, K=128, V=128, dtype=dtype, seqs=seqs if varlen else None,
+                          raw=False, l2=False, gate_norm=10.0)
+    if h0:
+        kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen)
+    kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    layout = chunk.ChunkLayout.build(B, T, kw.get("cu_seqlens"), dev)
+    results = {}
+    for walk in ("sm90", "triton"):
+        ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
+                                           final_state=final)
+        if final:
+            ws.final_state.fill_(float("nan"))
+        out = torch.full_like(kw["v"], float("nan"))
+
+        def call() -> None:
+            chunk_fused.chunk_fused_gdn(**kw, output_final_state=final, layout=layout, workspace=ws, out=out,
+                                        fuse_output=True, walk=walk)
+
+        measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
+                                                      max_samples=10, min_time_s=0.0, max_time_s=0.2))
+        torch.cuda.synchronize()
+        results[walk] = (out.double().cpu(), ws.final_state.double().cpu() if final else None)
+    cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    o_ref, final_ref = gdn_recurrent(cpu["q"], cpu["k"], cpu["v"], cpu["g"], cpu["beta"], scale=cpu["scale"],
+                                     initial_state=cpu.get("initial_state"), cu_seqlens=cpu.get("cu_seqlens"),
+                                     compute_dtype=torch.float64)
+    (o, f), (o_tri, f_tri) = results["sm90"], results["triton"]
+    pairs = [(o, o_ref, 1e-2), (o, o_tri, 1e-3)] + ([(f, final_ref, 1e-2), (f, f_tri, 1e-3)] if final else [])
+    for got, ref, tol in pairs:
+        assert torch.isfinite(got).all()
+        assert ((got - ref).norm() / ref.norm()).item() < tol
+    if varlen and h0 and final:  # the empty sequence keeps its initial state
+        assert torch.equal(f[1], cpu["initial_state"][1].double())
