@@ -429,14 +429,14 @@ def chunk_fused_gdn(
                pipeline=pipeline is not None)
     if pipeline is not None:
         _pipelined(x, pipeline, fuse, output_final_state, walk)
-    elif walk == "sm90":
-        _prep(x, lay)
-        _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk)
     else:
         _prep(x, lay)
-        _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
-                          output_final_state=output_final_state, segments=segments,
-                          output_kernel=_output_kernel(span))
+        if walk == "sm90":
+            _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk)
+        else:
+            _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
+                              output_final_state=output_final_state, segments=segments,
+                              output_kernel=_output_kernel(span))
     return x.out, x.ws.final_state if output_final_state else None
 
 
