@@ -348,9 +348,8 @@ def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
 # Pipelined (prep of the next group beside the walk) it lost everywhere: B=1 T=65536 2333 -> 2983 (groups of 128).
 SM90_WALK_MIN_CHUNKS = 8
 # The Gluon walk loads each chunk's gates one chunk ahead on walks of this many chunks or more. Walk alone on an
-# H100 (us, without -> with): B=1 T=8192 / 32768 HV=32 222.7 -> 215.9 / 876.5 -> 830.2; shorter walks lose what
-# the spill it costs (40 bytes) takes: B=8 T=512 H=HV=8 24.6 -> 25.8, B=4 T=1024 H=HV=4 27.9 -> 28.9, B=2
-# T=1500 40.2 -> 41.1.
+# H100 (us, without -> with): B=1 T=4096 / 8192 / 32768 HV=32 117.5 -> 108.3 / 226.3 -> 208.7 / 889.7 -> 814.5;
+# shorter walks lose by a little: B=8 T=512 H=HV=8 24.9 -> 25.2, B=4 T=1024 H=HV=4 26.2 -> 26.6.
 SM90_PREFETCH_MIN_CHUNKS = 64
 
 

@@ -4,8 +4,8 @@ The same math as ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT: one pro
 head, V-block of BV columns) walks the sequence's chunks with its [K, BV] state in registers, reading the prep
 kernel's gc and Ai = (I + A)^-1 diag(beta). Per chunk:
 
-    K S, Q S and Q K^T        issued together (the state goes through shared memory in the input dtype)
-    X = V - exp(gc) o (K S),  v_new = Ai X
+    K S and Q S               issued together (the state goes through shared memory in the input dtype)
+    X = V - exp(gc) o (K S),  v_new = Ai X, and Q K^T issued after it
     S <- exp(gc_last) S + K^T (v_new decayed to the chunk's end)    } issued together; only the state
     O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new           } is waited for
 
@@ -15,7 +15,9 @@ chunk ahead, k two chunks ahead (two buffers), so no load waits on the chain.
 Why a second kernel: Triton (3.6) waits for every wgmma right after issuing it, so the Triton walk runs its
 six products one after the other (BENCHMARKS.md, seventeenth session). Here only K S -> Ai X -> the state
 update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more than 255 registers and
-spilled, slower than the Triton walk at every size tried (H100). So it pays where BV 32's programs make one
+spilled, slower than the Triton walk at every size tried (H100). Q K^T issued after Ai X, rather than with
+K S, runs while v_new is stored (walk alone, H100: 1-2% at B=1 T=4096..32768 HV=32, 7% at B=4 T=1024
+H=HV=4) and takes 17 fewer registers. So it pays where BV 32's programs make one
 wave (``chunk_fused.walk_default``, with the measurements); with many walks, Triton's BV 64 wins.
 
 Envelope (``unsupported``): sm_90, bf16 or fp16 inputs, K = V = 128, q and k normalised beforehand (the
@@ -110,29 +112,31 @@ if GLUON_MISSING is None:
         KS = warpgroup_mma(k_cur, s_s, zero, use_acc=False, is_async=True)
         mbarrier.wait(bars.index(0), t & 1)
         QS = warpgroup_mma(q_s, s_s, zero, use_acc=False, is_async=True)
-        QK = warpgroup_mma(q_s, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_t), use_acc=False,
-                           is_async=True)
         if HAS_O:  # in-order completion: K S done means chunk t - 1's output is too
-            KS, O = warpgroup_mma_wait(num_outstanding=2, deps=(KS, O))
+            KS, O = warpgroup_mma_wait(num_outstanding=1, deps=(KS, O))
             _store_tile(O * scale, tok - BT, col_v, o_s, o_desc)
         else:
-            KS = warpgroup_mma_wait(num_outstanding=2, deps=(KS, ))
+            KS = warpgroup_mma_wait(num_outstanding=1, deps=(KS, ))
         mbarrier.wait(bars.index(1), t & 1)
         X = gl.where(valid, v_s.load(mma_v).to(gl.float32) - _exp(gc_v)[:, None] * KS, 0.0)
         x_s.store(X.to(dt))
         fence_async_shared()
         mbarrier.wait(bars.index(2), t & 1)
         VN = warpgroup_mma(ai_s, x_s, zero, use_acc=False, is_async=True)
-        VN, QS, QK = warpgroup_mma_wait(num_outstanding=0, deps=(VN, QS, QK))
+        # Q K^T after Ai X, not with K S: it then runs while v_new is stored rather than ahead of Ai X
+        QK = warpgroup_mma(q_s, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_t), use_acc=False,
+                           is_async=True)
+        VN, QS = warpgroup_mma_wait(num_outstanding=1, deps=(VN, QS))
         _cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
         more = t + 1 < NT
-        _fetch(q_desc, tok + BT, col_k, bars.index(0), q_s, more)
         _fetch(v_desc, tok + BT, col_v, bars.index(1), v_s, more)
         _fetch(ai_desc, tok + BT, i_h * BT, bars.index(2), ai_s, more)
         VN = gl.where(valid, VN, 0.0)
         vn_s.store(VN.to(dt))
         x_s.store((VN * _exp(gc_last - gc_v)[:, None]).to(dt))
         fence_async_shared()
+        QK = warpgroup_mma_wait(num_outstanding=0, deps=(QK, ))
+        _fetch(q_desc, tok + BT, col_k, bars.index(0), q_s, more)
         P = QK * _exp(gl.where(r_t[:, None] >= c_t[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
         Pa = gl.convert_layout(P.to(dt), gl.DotOperandLayout(operand_index=0, parent=mma_v, k_width=2))
         return Pa, QS * _exp(gc_v)[:, None], gc_last, gates
