@@ -212,7 +212,7 @@ def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor
     to ht (or not stored): the Triton walk or, ``walk == "sm90"``, the Gluon one (chunk_walk_sm90)."""
     if walk == "sm90":
         chunk_walk_sm90.fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
-                                   prefetch_gates=over.max_len >= SM90_PREFETCH_MIN_CHUNKS * CHUNK)
+                                   long_walk=over.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK)
     else:
         _state_pass(x, _state_kernel, over, h0, ht, fuse=True)
 
@@ -347,10 +347,11 @@ def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
 #       49.0 -> 43.6 and N=64 T=6656 (256, longest 408) 51.8 -> 50.0, left to the Triton walk by this rule.
 # Pipelined (prep of the next group beside the walk) it lost everywhere: B=1 T=65536 2333 -> 2983 (groups of 128).
 SM90_WALK_MIN_CHUNKS = 8
-# The Gluon walk loads each chunk's gates one chunk ahead on walks of this many chunks or more. Walk alone on an
-# H100 (us, without -> with): B=1 T=4096 / 8192 / 32768 HV=32 117.5 -> 108.3 / 226.3 -> 208.7 / 889.7 -> 814.5;
-# shorter walks lose by a little: B=8 T=512 H=HV=8 24.9 -> 25.2, B=4 T=1024 H=HV=4 26.2 -> 26.6.
-SM90_PREFETCH_MIN_CHUNKS = 64
+# The Gluon walk runs as a long walk (long_walk: each chunk's gates loaded one chunk ahead, its q, v and Ai tiles
+# two) on walks of this many chunks or more. Walk alone on an H100 (us, one chunk ahead -> gates ahead -> both):
+# B=1 T=4096 / 8192 / 32768 HV=32 116.6 -> 108.5 -> 105.0 / 225.7 -> 208.4 -> 200.6 / 890.1 -> 815.1 -> 786.7;
+# shorter walks lose by a little: B=8 T=512 H=HV=8 24.5 -> 24.3 -> 25.1, B=4 T=1024 H=HV=4 26.2 -> 26.3 -> 27.0.
+SM90_LONG_WALK_MIN_CHUNKS = 64
 
 
 @functools.cache

@@ -9,8 +9,9 @@ kernel's gc and Ai = (I + A)^-1 diag(beta). Per chunk:
     S <- exp(gc_last) S + K^T (v_new decayed to the chunk's end)    } issued together; only the state
     O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new           } is waited for
 
-The output is retired, and stored, while the next chunk's K S runs. Tiles arrive by TMA: q, v and Ai one
-chunk ahead, k two chunks ahead (two buffers), so no load waits on the chain.
+The output is retired, and stored, while the next chunk's K S runs. Tiles arrive by TMA: k two chunks ahead
+(two buffers); q, v and Ai one chunk ahead, or on long walks two (``long_walk``, with the gates loaded one
+chunk ahead), so that no load waits on the chain.
 
 Why a second kernel: Triton (3.6) waits for every wgmma right after issuing it, so the Triton walk runs its
 six products one after the other (BENCHMARKS.md, seventeenth session). Here only K S -> Ai X -> the state
@@ -87,18 +88,19 @@ if GLUON_MISSING is None:
     def _chunk_front(t, NT, bos, eos, S, O, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s, bars, q_desc, v_desc,
                      ai_desc, o_desc, gc, i_h, col_k, col_v, scale, HV: gl.constexpr, BT: gl.constexpr,
                      BV: gl.constexpr, mma_v: gl.constexpr, mma_t: gl.constexpr, HAS_O: gl.constexpr,
-                     PREFETCH_GATES: gl.constexpr):
+                     LONG_WALK: gl.constexpr, NB: gl.constexpr):
         """Chunk t up to v_new, storing O (chunk t - 1's pending output) on the way. Leaves v_new in vn_s and
         its rows decayed to the chunk's end in x_s; returns (the scores as an A operand, exp(gc) o Q S,
-        gc at the chunk's last token, gates). PREFETCH_GATES: ``gates`` holds this chunk's gc (``_gates``), and
-        the next chunk's are loaded here and returned, so that their latency hides behind this chunk;
-        else this chunk's are loaded here and ``gates`` passes through."""
+        gc at the chunk's last token, gates). q_s, v_s and ai_s hold NB buffers, refilled NB chunks ahead.
+        LONG_WALK: ``gates`` holds this chunk's gc (``_gates``), and the next chunk's are loaded here and
+        returned, so that their latency hides behind this chunk; else this chunk's are loaded here and
+        ``gates`` passes through."""
         dt: gl.constexpr = q_desc.dtype
         tok = bos + t * BT
         r_v = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_v))
         r_t = gl.arange(0, BT, layout=gl.SliceLayout(1, mma_t))
         c_t = gl.arange(0, BT, layout=gl.SliceLayout(0, mma_t))
-        if PREFETCH_GATES:
+        if LONG_WALK:
             gc_v, gc_r, gc_c, gc_last = gates
             gates = _gates(gc, tok + BT, eos, i_h, HV, BT, mma_v, mma_t)
         else:
@@ -107,49 +109,53 @@ if GLUON_MISSING is None:
         s_s.store(S.to(dt))
         fence_async_shared()
         k_cur = k_s.index(t % 2)
-        mbarrier.wait(bars.index(3 + t % 2), (t // 2) & 1)
+        b = t % NB  # this chunk's q, v and Ai buffers, and their barriers' phase
+        ph = (t // NB) & 1
+        q_cur = q_s.index(b)
+        mbarrier.wait(bars.index(3 * NB + t % 2), (t // 2) & 1)
         zero = gl.zeros([BT, BV], gl.float32, mma_v)
         KS = warpgroup_mma(k_cur, s_s, zero, use_acc=False, is_async=True)
-        mbarrier.wait(bars.index(0), t & 1)
-        QS = warpgroup_mma(q_s, s_s, zero, use_acc=False, is_async=True)
+        mbarrier.wait(bars.index(b), ph)
+        QS = warpgroup_mma(q_cur, s_s, zero, use_acc=False, is_async=True)
         if HAS_O:  # in-order completion: K S done means chunk t - 1's output is too
             KS, O = warpgroup_mma_wait(num_outstanding=1, deps=(KS, O))
             _store_tile(O * scale, tok - BT, col_v, o_s, o_desc)
         else:
             KS = warpgroup_mma_wait(num_outstanding=1, deps=(KS, ))
-        mbarrier.wait(bars.index(1), t & 1)
-        X = gl.where(valid, v_s.load(mma_v).to(gl.float32) - _exp(gc_v)[:, None] * KS, 0.0)
+        mbarrier.wait(bars.index(NB + b), ph)
+        X = gl.where(valid, v_s.index(b).load(mma_v).to(gl.float32) - _exp(gc_v)[:, None] * KS, 0.0)
         x_s.store(X.to(dt))
         fence_async_shared()
-        mbarrier.wait(bars.index(2), t & 1)
-        VN = warpgroup_mma(ai_s, x_s, zero, use_acc=False, is_async=True)
+        mbarrier.wait(bars.index(2 * NB + b), ph)
+        VN = warpgroup_mma(ai_s.index(b), x_s, zero, use_acc=False, is_async=True)
         # Q K^T after Ai X, not with K S: it then runs while v_new is stored rather than ahead of Ai X
-        QK = warpgroup_mma(q_s, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_t), use_acc=False,
+        QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_t), use_acc=False,
                            is_async=True)
         VN, QS = warpgroup_mma_wait(num_outstanding=1, deps=(VN, QS))
         _cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
-        more = t + 1 < NT
-        _fetch(v_desc, tok + BT, col_v, bars.index(1), v_s, more)
-        _fetch(ai_desc, tok + BT, i_h * BT, bars.index(2), ai_s, more)
+        more = t + NB < NT
+        _fetch(v_desc, tok + NB * BT, col_v, bars.index(NB + b), v_s.index(b), more)
+        _fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 * NB + b), ai_s.index(b), more)
         VN = gl.where(valid, VN, 0.0)
         vn_s.store(VN.to(dt))
         x_s.store((VN * _exp(gc_last - gc_v)[:, None]).to(dt))
         fence_async_shared()
         QK = warpgroup_mma_wait(num_outstanding=0, deps=(QK, ))
-        _fetch(q_desc, tok + BT, col_k, bars.index(0), q_s, more)
+        _fetch(q_desc, tok + NB * BT, col_k, bars.index(b), q_cur, more)
         P = QK * _exp(gl.where(r_t[:, None] >= c_t[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
         Pa = gl.convert_layout(P.to(dt), gl.DotOperandLayout(operand_index=0, parent=mma_v, k_width=2))
         return Pa, QS * _exp(gc_v)[:, None], gc_last, gates
 
     @gluon.jit
-    def _chunk_back(t, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT: gl.constexpr):
+    def _chunk_back(t, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT: gl.constexpr,
+                    NB: gl.constexpr):
         """Chunk t's state update and output, issued together; waits for the state only and refills the
         chunk's k buffer with chunk t + 2. Returns (S, the output still in flight)."""
         k_cur = k_s.index(t % 2)
         S = warpgroup_mma(k_cur.permute((1, 0)), x_s, S * _exp(gc_last), is_async=True)
         O = warpgroup_mma(Pa, vn_s, QSd, is_async=True)
         S = warpgroup_mma_wait(num_outstanding=1, deps=(S, ))
-        _fetch(k_desc, bos + (t + 2) * BT, col_k, bars.index(3 + t % 2), k_cur, t + 2 < NT)
+        _fetch(k_desc, bos + (t + 2) * BT, col_k, bars.index(3 * NB + t % 2), k_cur, t + 2 < NT)
         return S, O
 
     @gluon.jit
@@ -164,8 +170,9 @@ if GLUON_MISSING is None:
     def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale,
                            H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                            BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                           PREFETCH_GATES: gl.constexpr):
+                           LONG_WALK: gl.constexpr):
         NV: gl.constexpr = V // BV
+        NB: gl.constexpr = 2 if LONG_WALK else 1  # q, v and Ai buffers
         i_nh = gl.program_id(0) // NV
         i_v = gl.program_id(0) % NV
         i_n = i_nh // HV
@@ -183,35 +190,37 @@ if GLUON_MISSING is None:
         else:
             S = gl.zeros([K, BV], gl.float32, mma_v)
         dt: gl.constexpr = q_desc.dtype
-        q_s = gl.allocate_shared_memory(dt, [BT, K], q_desc.layout)
+        q_s = gl.allocate_shared_memory(dt, [NB, BT, K], q_desc.layout)
         k_s = gl.allocate_shared_memory(dt, [2, BT, K], k_desc.layout)
-        v_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
-        ai_s = gl.allocate_shared_memory(dt, [BT, BT], ai_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [NB, BT, BV], v_desc.layout)
+        ai_s = gl.allocate_shared_memory(dt, [NB, BT, BT], ai_desc.layout)
         s_s = gl.allocate_shared_memory(dt, [K, BV], v_desc.layout)
         x_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
         vn_s = gl.allocate_shared_memory(dt, [BT, BV], v_desc.layout)
         o_s = gl.allocate_shared_memory(dt, [BT, BV], o_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [5, 1], mbarrier.MBarrierLayout())  # q, v, Ai, k x 2
-        for i in gl.static_range(5):
+        # q, v and Ai: NB each, then k: 2
+        bars = gl.allocate_shared_memory(gl.int64, [3 * NB + 2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(3 * NB + 2):
             mbarrier.init(bars.index(i), count=1)
         if NT > 0:  # an empty sequence (varlen) keeps h0
             col_v = i_h * V + i_v * BV
             col_k = (i_h // (HV // H)) * K
-            _fetch(q_desc, bos, col_k, bars.index(0), q_s, True)
-            _fetch(v_desc, bos, col_v, bars.index(1), v_s, True)
-            _fetch(ai_desc, bos, i_h * BT, bars.index(2), ai_s, True)
-            _fetch(k_desc, bos, col_k, bars.index(3), k_s.index(0), True)
-            _fetch(k_desc, bos + BT, col_k, bars.index(4), k_s.index(1), NT > 1)
+            for i in gl.static_range(NB):
+                _fetch(q_desc, bos + i * BT, col_k, bars.index(i), q_s.index(i), NT > i)
+                _fetch(v_desc, bos + i * BT, col_v, bars.index(NB + i), v_s.index(i), NT > i)
+                _fetch(ai_desc, bos + i * BT, i_h * BT, bars.index(2 * NB + i), ai_s.index(i), NT > i)
+            for i in gl.static_range(2):
+                _fetch(k_desc, bos + i * BT, col_k, bars.index(3 * NB + i), k_s.index(i), NT > i)
             gates = _gates(gc, bos, eos, i_h, HV, BT, mma_v, mma_t)
             Pa, QSd, gc_last, gates = _chunk_front(0, NT, bos, eos, S, None, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
                                             bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v, scale,
-                                            HV, BT, BV, mma_v, mma_t, False, PREFETCH_GATES)
+                                            HV, BT, BV, mma_v, mma_t, False, LONG_WALK, NB)
             for t in range(1, NT):
-                S, O = _chunk_back(t - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT)
+                S, O = _chunk_back(t - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT, NB)
                 Pa, QSd, gc_last, gates = _chunk_front(t, NT, bos, eos, S, O, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
                                                 bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v,
-                                                scale, HV, BT, BV, mma_v, mma_t, True, PREFETCH_GATES)
-            S, O = _chunk_back(NT - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT)
+                                                scale, HV, BT, BV, mma_v, mma_t, True, LONG_WALK, NB)
+            S, O = _chunk_back(NT - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT, NB)
             O = warpgroup_mma_wait(num_outstanding=0, deps=(O, )) * scale
             tok = bos + (NT - 1) * BT
             if tok + BT <= eos:
@@ -221,7 +230,7 @@ if GLUON_MISSING is None:
                 ptrs = o + (tok + r).to(gl.int64)[:, None] * (HV * V) + (col_v + cols_v)[None, :]
                 gl.store(ptrs, O.to(dt), mask=(tok + r < eos)[:, None])
             tma.store_wait(pendings=0)
-        for i in gl.static_range(5):
+        for i in gl.static_range(3 * NB + 2):
             mbarrier.invalidate(bars.index(i))
         if STORE_HT:
             gl.store(ht + h_off, S)
@@ -255,12 +264,13 @@ def _descriptor(x: Tensor, block: list[int]) -> TensorDescriptor:
 
 
 def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
-               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, prefetch_gates: bool) -> None:
+               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds
     ([N, 2] token ranges into the flat batch; each starts at a chunk boundary of its sequence) from h0 (fp32,
     or zero): ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
     [B, T, HV, 128], gc [B*T, HV] fp32, Ai [B*T, HV, 64], all contiguous (see ``unsupported``).
-    prefetch_gates: load each chunk's gc one chunk ahead (for long walks: ``chunk_fused._walk_with_output``)."""
+    long_walk: load each chunk's gc one chunk ahead and its q, v and Ai tiles two (28 KB more shared memory; for
+    long walks: ``chunk_fused._walk_with_output``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (_descriptor(q.view(tokens, H * K), [BT, K]), _descriptor(k.view(tokens, H * K), [BT, K]),
@@ -268,7 +278,7 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
              _descriptor(out.view(tokens, HV * V), [BT, BV]))
     _fused_walk_kernel[(N * HV * (V // BV),)](*descs, out, gc, h0, ht, seq_bounds, scale, H=H, HV=HV, K=K, V=V,
                                               BV=BV, BT=BT, USE_H0=h0 is not None, STORE_HT=ht is not None,
-                                              PREFETCH_GATES=prefetch_gates, num_warps=WARPS)
+                                              LONG_WALK=long_walk, num_warps=WARPS)
 
 
 def describe() -> str:

@@ -21,8 +21,8 @@ def _sm90() -> bool:
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-@pytest.mark.parametrize("dtype,prefetch", [("bf16", False), ("bf16", True), ("fp16", False)])
-def test_walk_compiles_for_sm90_in_two_programs_per_sm(dtype, prefetch):
+@pytest.mark.parametrize("dtype,long_walk", [("bf16", False), ("bf16", True), ("fp16", False)])
+def test_walk_compiles_for_sm90_in_two_programs_per_sm(dtype, long_walk):
     from gdnbench_kernels import chunk_walk_sm90 as walk
 
     if walk.GLUON_MISSING:
@@ -31,7 +31,7 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(dtype, prefetch):
 
     dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
-    const = dict(H=2, HV=4, K=128, V=128, BV=walk.BV, BT=walk.BT, USE_H0=True, STORE_HT=True, PREFETCH_GATES=prefetch)
+    const = dict(H=2, HV=4, K=128, V=128, BV=walk.BV, BT=walk.BT, USE_H0=True, STORE_HT=True, LONG_WALK=long_walk)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, walk.BV]), ai_desc=desc([64, 64]),
                o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
                scale="fp32", **{name: "constexpr" for name in const})
@@ -114,6 +114,7 @@ GPU_CASES = [
     ("bf16", [620, 0, 64, 316, 1], 2, 4, True, True),  # short last chunks, an empty sequence, GVA 2
     ("fp16", (2, 300), 4, 4, False, False),
     ("bf16", (3, 128), 1, 4, True, True),  # whole chunks only, GVA 4
+    ("bf16", [4200, 0, 70, 1], 2, 4, True, True),  # a long walk (tiles two chunks ahead) beside walks of 2 and 1
 ]
 
 
