@@ -69,7 +69,7 @@ from . import chunk_walk_sm90
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
-           "walk_default", "describe"]
+           "walk_default", "plan_walk", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -371,6 +371,27 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     return "sm90" if sms // 2 < programs <= 2 * sms else "triton"
 
 
+def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
+              segments: SegmentLayout | None = None, walk: str | None = None,
+              fuse_output: bool | None = None) -> tuple[str, bool]:
+    """(walk, fuse_output) of a call, the defaults filled in where None: the Gluon walk always computes the
+    output in the walk, so an explicit fuse_output=False means the Triton walk by default and is an error
+    with walk="sm90". Raises ValueError for a walk that cannot run the call."""
+    if walk is None:
+        walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments)
+    if walk == "sm90":
+        why = chunk_walk_sm90.unsupported(q, V, qk_l2norm) or (
+            "it walks whole sequences (no segments)" if segments is not None else
+            "it always computes the output in the walk" if fuse_output is False else None)
+        if why:
+            raise ValueError(f"walk='sm90' cannot run this call: {why}")
+        return walk, True
+    if walk != "triton":
+        raise ValueError(f"walk must be 'triton' or 'sm90', got {walk!r}")
+    K = q.shape[-1]
+    return walk, fuse_output_default(layout, HV, K, segments) if fuse_output is None else fuse_output
+
+
 def chunk_fused_gdn(
     q: Tensor,
     k: Tensor,
@@ -406,20 +427,11 @@ def chunk_fused_gdn(
     pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
     ``pipeline=True``); never with segments. walk: "triton", or "sm90" for the Gluon walk of chunk_walk_sm90
-    (Hopper; the output fused in, no segments); None: ``walk_default(layout, q, V, HV, qk_l2norm, segments)``.
+    (Hopper; the output fused in, no segments); None: the default (``plan_walk``).
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    walk = walk_default(lay, q, V, HV, qk_l2norm, segments) if walk is None else walk
-    if walk == "sm90":
-        why = chunk_walk_sm90.unsupported(q, V, qk_l2norm) or (
-            "it walks whole sequences (no segments)" if segments is not None else
-            "it always computes the output in the walk" if fuse_output is False else None)
-        if why:
-            raise ValueError(f"walk='sm90' cannot run this call: {why}")
-    elif walk != "triton":
-        raise ValueError(f"walk must be 'triton' or 'sm90', got {walk!r}")
-    fuse = walk == "sm90" or (fuse_output_default(lay, HV, K, segments) if fuse_output is None else fuse_output)
+    walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output)
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
     if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):
         raise ValueError("a pipeline cuts this call's sequences into groups, without segments")

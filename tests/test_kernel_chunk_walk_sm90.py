@@ -79,6 +79,27 @@ def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipelin
         assert chunk_fused.pipeline_default(layout, HV, True, walk=walk) == pipeline
 
 
+def test_plan_walk_keeps_an_explicit_output_pass_on_the_triton_walk(monkeypatch):
+    """plan_walk where the Gluon walk is the default (qwen3-next B=1 on a faked H100): asking for the output
+    pass on its own (the sweeps that force the Triton kernels' configs do) gets the Triton walk, not the Gluon
+    one with the output silently fused back in; the Gluon walk with the output pass is refused."""
+    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+
+    monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    layout = chunk.ChunkLayout.build(1, 4096, None, "cpu")
+    q = torch.empty(1, 4096, 16, 128)
+    assert chunk_fused.plan_walk(layout, q, 128, 32, False) == ("sm90", True)
+    assert chunk_fused.plan_walk(layout, q, 128, 32, False, fuse_output=False) == ("triton", False)
+    assert chunk_fused.plan_walk(layout, q, 128, 32, False, fuse_output=True) == ("sm90", True)
+    assert chunk_fused.plan_walk(layout, q, 128, 32, False, walk="triton") == \
+        ("triton", chunk_fused.fuse_output_default(layout, 32, 128))
+    with pytest.raises(ValueError, match="always computes the output in the walk"):
+        chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90", fuse_output=False)
+    with pytest.raises(ValueError, match="walk must be"):
+        chunk_fused.plan_walk(layout, q, 128, 32, False, walk="gluon")
+
+
 def test_pipelined_groups_each_run_the_sm90_walk(monkeypatch):
     """chunk_fused's dispatch with walk="sm90", on a CPU with the kernels replaced by recorders: one Gluon walk
     per pipeline group, each over its group's token ranges, the state handed from group to group through

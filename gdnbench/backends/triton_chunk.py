@@ -46,7 +46,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     in) in groups of that many chunks of every sequence, overlapped on their own streams
     (``chunk_fused.PipelineLayout``); None: the kernel's default rule (``chunk_fused.pipeline_default``),
     0: one call. walk (fused only): "triton", or "sm90" for the Gluon walk on Hopper (which fuses the output
-    in); None: the kernel's default rule (``chunk_fused.walk_default``)."""
+    in); None: the kernel's default rule (``chunk_fused.plan_walk``: the Triton walk when fuse_output is False)."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -55,14 +55,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
-    if walk is None:
-        walk = chunk_fused.walk_default(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments) if fused \
-            else "triton"
-    if walk == "sm90":
-        fuse_output = True
-    if fuse_output is None:
-        fuse_output = chunk_fused.fuse_output_default(layout, case.HV, case.K, segments)
-    fuse_output = fused and fuse_output
+    walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
+                                               fuse_output) if fused else ("triton", False))
     if output_span is None:
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
     span = output_span if fused and not fuse_output else 1
