@@ -523,9 +523,11 @@ def test_with_segments_the_output_rule_looks_at_the_segments():
 
 
 def test_interpreted_run_time(interpreted):
-    """The whole subprocess (kernel cases and the CLI run) stays small on a CPU. It runs beside this
-    module's sm_90 compile tests: on a 2-core machine 64 s alone, 108 s within `.ci/run` (8e70f02)."""
-    assert interpreted["wall_s"] < 150, interpreted["wall_s"]
+    """The whole subprocess (kernel cases and the CLI run) stays within CI's budget (aim: all of CI under
+    15 minutes). It runs beside this module's sm_90 compile tests: on a 2-core machine 64 s alone, 108 s
+    within `.ci/run` (8e70f02), 165 s on a slower CI machine (whole pytest 337 s), so the bound guards
+    against a blow-up (a case grown to a real size), not against machine-to-machine speed."""
+    assert interpreted["wall_s"] < 600, interpreted["wall_s"]
 
 
 # ---- host side, without running a kernel --------------------------------------------------------------
