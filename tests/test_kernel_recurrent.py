@@ -302,8 +302,9 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
 
 
 def test_interpreted_run_time(interpreted):
-    """The whole subprocess (kernel cases and the CLI run) stays small on a CPU."""
-    assert interpreted["wall_s"] < 90, interpreted["wall_s"]
+    """The whole subprocess (kernel cases and the CLI run) stays within CI's budget. The bound guards
+    against a case grown to a real size, not machine speed: CI machines have run 2x slower than this one."""
+    assert interpreted["wall_s"] < 300, interpreted["wall_s"]
 
 
 # ---- the envelope, without the interpreter ------------------------------------------------------------
