@@ -8,7 +8,6 @@ picks its interpreter when it is imported and this process may have imported it 
 import importlib
 import importlib.util
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -30,11 +29,11 @@ from gdnbench.reference import gate_from_raw, gdn_recurrent
 from gdnbench.runner import RunOptions, run_case
 from gdnbench.suite import Case, parse_suite
 from gdnbench.timing import TimingConfig
+from tests.interpreter import Background
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 FAST = {"min_samples": 3, "min_time_s": 0.0, "max_time_s": 0.1, "warmup": 1}
 ONCE = {"min_samples": 1, "max_samples": 1, "min_time_s": 0.0, "max_time_s": 0.01, "warmup": 1}
-ROOT = Path(__file__).resolve().parent.parent
 # Small cases covering what the adapters convert: GVA (H < HV) over two chunks, q/k l2norm in the
 # kernel, a random initial state, raw gating, varlen, decode on a scattered bf16 pool, spec decode (T=2).
 CASES = [
@@ -50,28 +49,21 @@ ADAPTERS = [f"gdnbench.backends.{m}" for m in
 VARLEN = {"mode": "varlen", "seq_lens": [3, 6], "H": 1, "HV": 2, "D": 8, "dtype": "fp32", "initial_state": "random"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fla_interpreted(tmp_path_factory):
-    """fla.recurrent end to end under TRITON_INTERPRET=1, in a subprocess started with this module.
-
-    Importing FLA in the interpreter takes several seconds, so the run goes on alongside the other
-    tests; the last test collects it. The interpreter steps through every program of the grid: short
-    sequences, one timed sample.
-    """
+def start_interpreted(tmp: Path) -> Background | None:
+    """fla.recurrent end to end under TRITON_INTERPRET=1, in a subprocess (tests/interpreter.py): importing
+    FLA in the interpreter takes several seconds, so the run goes on beside the other tests. The interpreter
+    steps through every program of the grid: short sequences, one timed sample."""
     if importlib.util.find_spec("fla") is None:
-        yield None
-        return
-    tmp = tmp_path_factory.mktemp("fla_interpreted")
+        return None
     cases = [{**CASES[0], "T": 9}, *CASES[1:], VARLEN]
     suite = write_suite(tmp / "s.yaml", ["fla.recurrent", "fla.chunk"], cases, timing=ONCE)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.Popen([sys.executable, "-m", "gdnbench", "run", str(suite), "--out", str(tmp / "out"),
-                             "--device", "cpu"], env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    yield proc, tmp / "out"
-    if proc.poll() is None:  # e.g. a -k selection that never collected it
-        proc.kill()
-        proc.communicate()
+    return Background(["gdnbench", "run", str(suite), "--out", str(tmp / "out"), "--device", "cpu"], tmp / "out")
+
+
+@pytest.fixture(scope="module")
+def interpreted(interpreted_runs) -> Path | None:
+    run = interpreted_runs[__name__]
+    return None if run is None else run.wait()
 
 
 def case(**fields) -> Case:
@@ -307,13 +299,10 @@ def test_hf_and_skips_end_to_end_on_cpu(tmp_path, monkeypatch):
     assert len(why["flashqla.chunk"]) == 1 and "cannot import flash_qla" in why["flashqla.chunk"].pop()
 
 
-def test_fla_recurrent_end_to_end_on_cpu_under_the_triton_interpreter(fla_interpreted):
-    if fla_interpreted is None:
+def test_fla_recurrent_end_to_end_on_cpu_under_the_triton_interpreter(interpreted):
+    if interpreted is None:
         pytest.skip("fla is not installed")
-    proc, out = fla_interpreted
-    stdout, stderr = proc.communicate(timeout=180)
-    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    df = results(out)
+    df = results(interpreted)
     fla = df[df.backend == "fla.recurrent"]
     assert len(fla) == 5 and (fla.status == "PASS").all(), fla[["case_id", "status", "error"]]
     assert (fla.rel_err_state < 1e-3).all()

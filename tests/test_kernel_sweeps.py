@@ -16,6 +16,7 @@ import pytest
 
 from gdnbench_kernels.chunk import config_from, config_label
 from gdnbench_kernels.chunk_fused import PREP_CANDIDATES
+from tests import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE = "B=2,T=40"  # smoke's fp32 padded prefill case
@@ -24,7 +25,7 @@ CASE = "B=2,T=40"  # smoke's fp32 padded prefill case
 def _sweep(*args: str, tool: str = "chunk_fused_sweep", rows: str = "prefill/") -> list[str]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     run = subprocess.run([sys.executable, "-m", f"examples.kernel_sweeps.{tool}", *args, "--device", "cpu"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert run.returncode == 0, run.stderr[-2000:]
     return [line for line in run.stdout.splitlines() if line.startswith(rows)]
 
@@ -61,7 +62,7 @@ def test_segment_sizes_agree():
 ])
 def test_a_malformed_config_is_a_usage_error(args, message):
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.chunk_fused_sweep", "configs", "smoke", *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert run.returncode == 2 and message in run.stderr, run.stderr
 
 
@@ -78,7 +79,7 @@ def test_every_forced_decode_config_gives_the_same_outputs():
 
 def test_a_malformed_decode_config_is_a_usage_error():
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.recurrent_sweep", "smoke", "-c", "8,1"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=ROOT, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert run.returncode == 2 and "expected BV,WARPS,ITEMS[,MAXNREG]" in run.stderr
 
 IN_GIT = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode == 0
@@ -119,7 +120,7 @@ with ab.kernels_at("HEAD") as (sha, old):
 @needs_git
 def test_revision_ab_prepares_each_side_on_its_own_package_and_adapter():
     run = subprocess.run([sys.executable, "-c", SIDES], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert run.returncode == 0, run.stderr[-2000:]
     name, sha, seen_old, seen_after, adapter, own = run.stdout.split()
     assert name == f"gdnbench_kernels_at_{sha}" and seen_old == seen_after == "1"
@@ -129,7 +130,7 @@ def test_revision_ab_prepares_each_side_on_its_own_package_and_adapter():
 def test_revision_ab_names_a_bad_revision():
     run = subprocess.run([sys.executable, "-m", "examples.kernel_sweeps.revision_ab", "smoke", "--rev", "no-such-rev",
                           "--device", "cpu"], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert run.returncode != 0 and "no-such-rev" in run.stderr
 
 
