@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.interpreter import Background
+from tests.interpreter import InterpretedRun
 
 
 @pytest.hookimpl(trylast=True)
@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def interpreted_runs(request: pytest.FixtureRequest,
-                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Background | None]]:
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, InterpretedRun | None]]:
     """Before the first test, starts the subprocess of every module with a collected test that reads it,
     keyed by module name (None where the module has nothing to run, e.g. a library not installed)."""
     modules = sorted({item.module for item in request.session.items if "interpreted" in item.fixturenames},

@@ -29,7 +29,7 @@ from gdnbench.reference import gate_from_raw, gdn_recurrent
 from gdnbench.runner import RunOptions, run_case
 from gdnbench.suite import Case, parse_suite
 from gdnbench.timing import TimingConfig
-from tests.interpreter import Background
+from tests.interpreter import InterpretedRun
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 FAST = {"min_samples": 3, "min_time_s": 0.0, "max_time_s": 0.1, "warmup": 1}
@@ -49,7 +49,7 @@ ADAPTERS = [f"gdnbench.backends.{m}" for m in
 VARLEN = {"mode": "varlen", "seq_lens": [3, 6], "H": 1, "HV": 2, "D": 8, "dtype": "fp32", "initial_state": "random"}
 
 
-def start_interpreted(tmp: Path) -> Background | None:
+def start_interpreted(tmp: Path) -> InterpretedRun | None:
     """fla.recurrent end to end under TRITON_INTERPRET=1, in a subprocess (tests/interpreter.py): importing
     FLA in the interpreter takes several seconds, so the run goes on beside the other tests. The interpreter
     steps through every program of the grid: short sequences, one timed sample."""
@@ -57,7 +57,7 @@ def start_interpreted(tmp: Path) -> Background | None:
         return None
     cases = [{**CASES[0], "T": 9}, *CASES[1:], VARLEN]
     suite = write_suite(tmp / "s.yaml", ["fla.recurrent", "fla.chunk"], cases, timing=ONCE)
-    return Background(["gdnbench", "run", str(suite), "--out", str(tmp / "out"), "--device", "cpu"], tmp / "out")
+    return InterpretedRun(["gdnbench", "run", str(suite), "--out", str(tmp / "out"), "--device", "cpu"], tmp / "out")
 
 
 @pytest.fixture(scope="module")

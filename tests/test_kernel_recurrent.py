@@ -23,7 +23,7 @@ import triton
 from gdnbench.backends import registry
 from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, start_slots
 from gdnbench.suite import Case
-from tests.interpreter import Background, start_worker, worker_results
+from tests.interpreter import InterpretedRun, start_worker, worker_results
 from tests.kernel_inputs import DT, kernel_inputs
 from tests.sm90 import compile_sm90
 
@@ -163,7 +163,7 @@ if __name__ == "__main__":
     _worker(*sys.argv[1:5])
 
 
-def start_interpreted(tmp: Path) -> Background:
+def start_interpreted(tmp: Path) -> InterpretedRun:
     """The kernel cases and the suite's run, in a subprocess (tests/interpreter.py)."""
     return start_worker(__name__, tmp, KERNEL_CASES, {
         "name": "triton-recurrent", "backends": ["triton.recurrent", "torch.recurrent"],
