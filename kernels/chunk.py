@@ -107,6 +107,11 @@ _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true",
 _UPCAST_BF16_DOT: tl.constexpr = tl.constexpr(_INTERPRET_ENV)
 # The interpreter runs no inline PTX: there, _exp is tl.exp.
 _PTX_EXP: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)
+# A warm-up segment (SegmentLayout.warm_up) starts that many chunks back whose summed log decay reaches this.
+# With unit-norm keys and beta in [0, 1] each token's transition exp(g) (I - beta k k^T) has norm <= exp(g),
+# so the state it drops is scaled by at most exp(-20) ~ 2e-9 before it reaches the segment.
+WARM_UP_LOG_DECAY = -20.0
+_WARM_UP_LOG_DECAY: tl.constexpr = tl.constexpr(WARM_UP_LOG_DECAY)
 
 
 # ---- device functions shared by both variants ---------------------------------------------------------
@@ -461,7 +466,8 @@ OUTPUT_CONFIGS = _configs(OUTPUT_CANDIDATES)
 
 
 @triton.jit
-def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets, scale, state_tier,
+def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets, seg_parent, parent_bounds,
+                    scale, state_tier,
                     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
                     SEGMENT: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
@@ -470,7 +476,10 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
     # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored).
     # SEGMENT (the chunk-parallel pass, see SegmentLayout; each "sequence" is then a segment): 0 the plain
     # pass; 1 from a zero state, only the final state (ht); 2 the transition M (ht, V = K): the state from
-    # the identity with U taken as 0.
+    # the identity with U taken as 0; 3 warm-up (SegmentLayout.warm_up): from zero, or from h0 at its
+    # sequence's start (seg_parent: each segment's sequence, parent_bounds: the sequences' seq_bounds), the
+    # chunks back to where the decay reaches _WARM_UP_LOG_DECAY walked first, state only; the last segment
+    # of a sequence stores its final state (ht).
     # 1-D grid, a walk's V-blocks side by side: they read the same W and k tiles, which they then share in
     # L2 (with the V-block as a second grid axis, every walk's first block ran before any second one)
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -483,14 +492,29 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
     cols_v = i_v * BV + tl.arange(0, BV)
     dt = k.dtype.element_ty
 
-    if USE_H0:
+    i_t0 = 0
+    if SEGMENT == 3:
+        i_n = tl.load(seg_parent + i_n).to(tl.int64)  # from here on: the sequence (h0, ht)
+        seq_bos, seq_len = _seq_bounds(parent_bounds, i_n)
+        log_decay = 0.0
+        # the chunks before a segment are whole: each one's decay is gc at its last token
+        while (bos + i_t0 * BT > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):
+            i_t0 -= 1
+            log_decay += tl.load(gc + (bos + i_t0 * BT + BT - 1) * HV + i_h)
+        if USE_H0:  # h0 enters only where the warm-up reaches the sequence's start (masked load: zeros)
+            b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k,
+                             tl.where(bos + i_t0 * BT == seq_bos, K, 0), V, cols_v, V)
+        else:
+            b_h = tl.zeros([BK, BV], dtype=tl.float32)
+        is_last = bos + n_tok == seq_bos + seq_len
+    elif USE_H0:
         b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
     elif SEGMENT == 2:
         b_h = tl.where((cols_k[:, None] == cols_v[None, :]) & (cols_v[None, :] < V), 1.0, 0.0)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     base_k = k + bos * H * K + i_hk * K
-    for i_t in range(0, tl.cdiv(n_tok, BT)):
+    for i_t in range(i_t0, tl.cdiv(n_tok, BT)):
         rows = i_t * BT + tl.arange(0, BT)
         # A short last chunk's rows past the sequence's end re-read its last token (rows_in) rather than
         # load masked zeros, so no load and no score needs a row bound (sm_90 SASS from triton 3.9, K = V
@@ -522,7 +546,11 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         if FUSE_OUTPUT:
             b_q = _load_qk(q + bos * H * K + i_hk * K, rows_in, None, H * K, K, BK, L2NORM)
             b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, scale, IEEE)
-            _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+            if SEGMENT == 3:  # a warm-up chunk (i_t < 0) is the segment before's: it stores nothing
+                _store_tile(o + bos * HV * V + i_h * V, tl.where(rows >= 0, rows, n_tok), n_tok, HV * V, cols_v, V,
+                            b_o)
+            else:
+                _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
         elif SEGMENT == 0:
             _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
         gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
@@ -530,7 +558,11 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         b_vdec = _cast(b_v * tl.where(valid, _exp(gc_last - b_gc), 0.0)[:, None], dt)
         b_h = b_h * _exp(gc_last) + _dot(tl.trans(b_k), b_vdec, IEEE)
     if STORE_HT:
-        _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
+        if SEGMENT == 3:
+            _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, tl.where(is_last, K, 0), V, cols_v, V,
+                        b_h)
+        else:
+            _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
 
 
 _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS,
@@ -693,24 +725,35 @@ class SegmentLayout:
     parallel over segments; (d3) a scan over each sequence's segments, S_j+1 = M_j S_j + L_j, for the
     state entering each one; (d4) the state pass over all segments at once from those states. The
     sequential walk shrinks from a sequence's chunks to its segments, for 3x the state pass's work.
+
+    With ``warm_up``, one pass instead: each segment walks, state only, the chunks before it back to where
+    their decay reaches exp(WARM_UP_LOG_DECAY) (or its sequence's start, from h0), then its own chunks with
+    the outputs. The state that leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys);
+    where decay is strong (the suites' gates: about -31 a chunk at gate_norm 1) one chunk suffices, where
+    it is weak the warm-up reaches back to the sequence's start and the walk is as long as the sequential one.
     Built on the host once, outside any timed call.
     """
 
     chunks: int  # chunks per segment
     layout: ChunkLayout  # the segments as sequences: same tokens, same global chunk numbering
     seg_offsets: Tensor  # [N + 1] int32: each sequence's first segment
+    parent: Tensor  # [segments] int32: each segment's sequence
+    warm_up: bool = False
 
     @classmethod
-    def build(cls, layout: ChunkLayout, chunks: int) -> SegmentLayout:
+    def build(cls, layout: ChunkLayout, chunks: int, warm_up: bool = False) -> SegmentLayout:
         if chunks < 1:
             raise ValueError(f"a segment needs at least one chunk, got {chunks}")
         span, device = chunks * CHUNK, layout.seq_bounds.device
         seg_spans, offsets = [], [0]
         for start, end in layout.spans:
-            seg_spans += [(t, min(t + span, end)) for t in range(start, end, span)]
+            # an empty sequence keeps one empty segment: the program that stores its final state
+            seg_spans += [(t, min(t + span, end)) for t in range(start, end, span)] or [(start, end)]
             offsets.append(len(seg_spans))
         return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
-                   seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device))
+                   seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+                   parent=torch.tensor([n for n in range(layout.N) for _ in range(offsets[n + 1] - offsets[n])],
+                                       dtype=torch.int32, device=device), warm_up=warm_up)
 
 
 @dataclass
@@ -760,7 +803,7 @@ class ChunkWorkspace:
             v_new=None if fuse_output else empty(BT, HV, V),
             h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
-            **({} if segments is None else dict(
+            **({} if segments is None or segments.warm_up else dict(
                 seg_L=empty(segments.layout.N, HV, K, V, dtype=torch.float32),
                 seg_M=empty(segments.layout.N, HV, K, K, dtype=torch.float32),
                 seg_init=empty(segments.layout.N, HV, K, V, dtype=torch.float32))),
@@ -846,10 +889,13 @@ def _setup(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor | Non
         raise ValueError("segments must cut this batch's layout")
     if segments is not None and output_span != 1:  # a segment may end inside a pair of the batch's chunks
         raise ValueError("the chunk-parallel state pass stores the state of every chunk (output_span 1)")
+    if segments is not None and segments.warm_up and not fuse_output:
+        # its warm-up chunks belong to the segment before, whose entering states are never stored
+        raise ValueError("warm-up segments compute the outputs in the state pass (fuse_output=True)")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
                                               fuse_output=fuse_output, final_state=output_final_state,
                                               segments=segments, output_span=output_span, pipeline=pipeline)
-    seg = segments is not None
+    seg = segments is not None and not segments.warm_up  # the scan's buffers
     missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
                                        ("final_state", output_final_state), ("seg_L", seg), ("seg_M", seg),
@@ -878,15 +924,17 @@ def _shape(x: _Args) -> dict:
 
 
 def _state_pass(x: _Args, state_kernel, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None,
-                segment: int = 0, fuse: bool = False, h: Tensor | None = None) -> None:
+                segment: int = 0, fuse: bool = False, h: Tensor | None = None,
+                seg_parent: Tensor | None = None) -> None:
     """(d) over the sequences of ``over`` from h0 (fp32, or zero), the final states to ht (or not
     stored); h: where the first block's entering state goes (default: the workspace's h, whose start
-    is over's first block)."""
+    is over's first block); seg_parent: with segment 3 (over: segments of x.lay), each one's sequence."""
     ws = x.ws
     V = x.K if segment == 2 else x.V  # the transition's columns run over K
     state_kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
         x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
-        over.seq_bounds, over.blocks(x.span)[2], x.scale, state_tier(over.N, x.HV, V, over.max_len),
+        over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, x.scale,
+        state_tier(over.N, x.HV, V, over.max_len),
         USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span,
         FROM_AI=not x.stages, **{**_shape(x), "V": V})
 
@@ -903,12 +951,14 @@ def _output_pass(x: _Args, output_kernel, over: ChunkLayout, h: Tensor | None = 
 def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool,
                       segments: SegmentLayout | None = None, output_kernel=None) -> None:
     """(d), and (e) unless the output is fused into (d); with ``segments``, (d) chunk-parallel
-    (SegmentLayout: d1-d4). state_kernel: an autotuned _chunk_state_fn; output_kernel: an autotuned
+    (SegmentLayout: d1-d4, or one warm-up pass). state_kernel: an autotuned _chunk_state_fn; output_kernel: an autotuned
     _chunk_output_fn (default: ``_chunk_output_kernel``), run on blocks of x.span chunks."""
     lay, ws = x.lay, x.ws
     final = ws.final_state if output_final_state else None
     if segments is None:
         _state_pass(x, state_kernel, lay, x.h0, final, fuse=fuse_output)
+    elif segments.warm_up:
+        _state_pass(x, state_kernel, segments.layout, x.h0, final, 3, fuse=fuse_output, seg_parent=segments.parent)
     else:
         _state_pass(x, state_kernel, segments.layout, None, ws.seg_L, 1)
         _state_pass(x, state_kernel, segments.layout, None, ws.seg_M, 2)

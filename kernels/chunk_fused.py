@@ -42,7 +42,8 @@ rows, and 0.79-1.10x on its D = 64 rows (few walks of many chunks, where the lon
 together at C = 64, K = V = 128 in bf16) on short sequences. For a few long sequences the state pass
 can run chunk-parallel instead (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined
 by a scan; the backend triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next
-on an H100 (measured when W and U were stored).
+on an H100 (measured when W and U were stored); or with warm-up segments (``SegmentLayout.warm_up``: each
+segment starts a few decayed chunks early; the backend triton.chunk_fused_warm_up), not yet measured.
 
 Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.6's ptxas), no spills,
 4 warps, 1 stage: the prep kernel 127 at K = 128 (128 with raw gating and the in-kernel L2 norm), 125 at
@@ -318,7 +319,9 @@ def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
     """Whether the output pass folds into the state pass by default: sequences of one chunk, or many
     sequences of about equal length or short (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
-    segments', so the rule applies to them."""
+    segments', so the rule applies to them; warm-up segments always fold it in (they need it)."""
+    if segments is not None and segments.warm_up:
+        return True
     lay = layout if segments is None else segments.layout
     if lay.max_len <= CHUNK:  # one chunk a walk: nothing sequential to wait for, one launch fewer
         return True

@@ -34,7 +34,7 @@ SUITE_CASES = [
     {"mode": "varlen", "seq_lens": [5, 66], "H": 1, "HV": 2, "D": 16, "gating": "raw", "dtype": "bf16"},
     {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
 ]
-BACKENDS = ["triton.chunk", "triton.chunk_fused", "triton.chunk_fused_cp"]
+BACKENDS = ["triton.chunk", "triton.chunk_fused", "triton.chunk_fused_cp", "triton.chunk_fused_warm_up"]
 
 
 # ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
@@ -64,6 +64,9 @@ KERNEL_CASES = [
     # transitions are far from 0 and its scan is what gets the states right
     # (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
     make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 270], K=16, V=16, gate_norm=100, h0=True),
+    # decays of about -3 a chunk: warm-up walks of 7 chunks that stop before the sequence's start, whose last
+    # chunks' states enter the segment nearly undecayed (a wrong warm-up shows in the outputs)
+    make("gn10-long-K16-h0", T=600, HV=1, K=16, V=16, gate_norm=10, h0=True),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
@@ -99,20 +102,23 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         kw = dict(case["kw"])
         q, v = kw["q"], kw["v"]
         layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
-        # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps)
-        segments = chunk.SegmentLayout.build(layout, 1)
+        # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps); warm-up: the same
+        # segments from a warm-up walk (its output always fused in): one chunk back under strong decay, back
+        # to the sequence's start (and its h0) under weak decay
+        segments = {"cp": chunk.SegmentLayout.build(layout, 1),
+                    "warm-up": chunk.SegmentLayout.build(layout, 1, warm_up=True)}
         # pairs: the output pass over pairs of chunks (the output never fused in); pipe: that, pipelined in
         # groups of two chunks of every sequence; pipe-out: pipelined with the output fused into the walk
-        variants = (("chunk", True), ("fused", False), ("cp", False), ("pairs", False), ("pipe", False),
-                    ("pipe-out", False))
+        variants = (("chunk", True), ("fused", False), ("cp", False), ("warm-up", False), ("pairs", False),
+                    ("pipe", False), ("pipe-out", False))
         for variant, stages in variants:
             span = 2 if variant in ("pairs", "pipe") else 1
-            fuse = (variant in ("fused", "cp") and case["fuse_output"]) or variant == "pipe-out"
+            fuse = (variant in ("fused", "cp") and case["fuse_output"]) or variant in ("pipe-out", "warm-up")
             try:
                 pipe = chunk_fused.PipelineLayout.build(layout, 2) if variant.startswith("pipe") else None
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw, fuse_output=fuse,
                                                    final_state=kw["output_final_state"],
-                                                   segments=segments if variant == "cp" else None, output_span=span,
+                                                   segments=segments.get(variant), output_span=span,
                                                    pipeline=pipe is not None)
                 for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
                              "seg_init", "handoff"):
@@ -128,7 +134,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                     else:
                         o, final = chunk_fused.chunk_fused_gdn(
                             **kw, layout=layout, out=out, workspace=ws, fuse_output=fuse, output_span=span,
-                            segments=segments if variant == "cp" else None,
+                            segments=segments.get(variant),
                             pipeline=pipe)
                 finally:
                     torch.Tensor.item, torch.Tensor.tolist = saved
@@ -212,10 +218,11 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     kernel.cache.clear()
                 # cp reruns the state pass's kernel over segments: its block widths are the other
                 # variants' rounds, so one round of it (with and without the output fused in) covers the
-                # scan and the segment modes
+                # scan and the segment modes (cp-warm-up: the warm-up walk, which reads before its segments)
                 variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
                             ("fused-pairs", False, False),
-                            *([("cp", False, False), ("cp-out", False, True)] if i == 0 else []))
+                            *([("cp", False, False), ("cp-out", False, True), ("cp-warm-up", False, True)]
+                              if i == 0 else []))
                 for variant, stages, fuse in variants:
                     bufs.clear()
                     span = 2 if variant == "fused-pairs" else 1
@@ -230,7 +237,8 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
 
                     lay = guarded_layout(lay0)
                     segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
-                        chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets))
+                        chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
+                        parent=guarded(seg0.parent), warm_up=variant == "cp-warm-up")
                     NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
@@ -246,7 +254,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.blocks(span)[0], HV, K, V), dtype=dt),
                         final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
-                        **({} if segs is None else dict(seg_L=guarded(shape=(NS, HV, K, V), dtype=f32),
+                        **({} if segs is None or segs.warm_up else dict(seg_L=guarded(shape=(NS, HV, K, V), dtype=f32),
                                                         seg_M=guarded(shape=(NS, HV, K, K), dtype=f32),
                                                         seg_init=guarded(shape=(NS, HV, K, V), dtype=f32))))
                     out = guarded(shape=v.shape, dtype=dt)
@@ -319,6 +327,9 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=0,
                                           SPAN=1, FROM_AI=True, L2NORM=True, IEEE=False, BV=16, W=None, U=None,
                                           h=None, v_new=None, h0=None), 4),
+        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=3,
+                                          SPAN=1, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, W=None, U=None,
+                                          h=None, v_new=None), 4),
         ("chunk", "_chunk_output_kernel", dict(shape, SPAN=1, L2NORM=True, IEEE=False, BV=64), 4),
         ("chunk_fused", "_output_span2_kernel", dict(shape, SPAN=2, L2NORM=False, IEEE=False, BV=64), 4),
         ("chunk_fused", "_chunk_prep_kernel", dict(prep_shape, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
@@ -330,7 +341,7 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("index", range(12))
+@pytest.mark.parametrize("index", range(13))
 def test_kernel_compiles_for_sm90(D, index):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     from gdnbench_kernels import chunk
@@ -339,7 +350,7 @@ def test_kernel_compiles_for_sm90(D, index):
     fn = getattr(importlib.import_module(f"gdnbench_kernels.{module}"), name)
     ptr = dict(q="bf16", k="bf16", v="bf16", beta="bf16", a="bf16", b="bf16", Ai="bf16", W="bf16", U="bf16", h="bf16",
                v_new="bf16", o="bf16", seq_bounds="i64", chunk_indices="i32", h_offsets="i32", block_indices="i32",
-               seg_offsets="i32")
+               seg_offsets="i32", seg_parent="i32", parent_bounds="i64")
     scalars = {"scale": "fp32", "state_tier": "i32", "chunk_tier": "i32"}
     sig = {arg: "constexpr" if arg in const else scalars.get(arg) or f"*{ptr.get(arg, 'fp32')}" for arg in fn.arg_names}
     compile_sm90(fn, sig, const, interpreted=chunk.INTERPRETED, num_warps=warps)
@@ -363,7 +374,7 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "pairs", "pipe", "pipe-out"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "warm-up", "pairs", "pipe", "pipe-out"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
@@ -392,7 +403,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     flat = {"gc": ref.gc, "Ai": ref.A_inv if variant == "chunk" else ref.A_inv_beta, "W": ref.W, "U": ref.U,
             "v_new": ref.v_new}
     expect = {"gc", "Ai"} | ({"W", "U"} if variant == "chunk" else set())
-    if not (variant in ("fused", "cp") and case["fuse_output"]) and variant != "pipe-out":
+    if not (variant in ("fused", "cp") and case["fuse_output"]) and variant not in ("pipe-out", "warm-up"):
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -417,7 +428,7 @@ def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     from gdnbench_kernels import chunk, chunk_fused
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk, chunk_fused) * 4 + 2)
+    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk, chunk_fused) * 4 + 3)
     assert guards["problems"] == {}
 
 
@@ -519,11 +530,13 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
     from gdnbench_kernels import chunk, chunk_fused
 
     lay = chunk.ChunkLayout.build(1, 400, torch.tensor([0, 130, 130, 194, 400]), CPU)
-    seg = chunk.SegmentLayout.build(lay, 2)  # 128 tokens a segment; the empty sequence gets none
-    assert seg.layout.spans == ((0, 128), (128, 130), (130, 194), (194, 322), (322, 400))
-    assert seg.seg_offsets.tolist() == [0, 2, 2, 3, 5]
+    # 128 tokens a segment; the empty sequence gets one empty segment, whose program stores its final state
+    seg = chunk.SegmentLayout.build(lay, 2)
+    assert seg.layout.spans == ((0, 128), (128, 130), (130, 130), (130, 194), (194, 322), (322, 400))
+    assert seg.seg_offsets.tolist() == [0, 2, 3, 4, 6] and seg.parent.tolist() == [0, 0, 1, 2, 3, 3]
     # a segment's chunks keep their global numbers, where the output pass finds their states
-    assert seg.layout.chunk_offsets.tolist() == [0, 2, 3, 4, 6, 8] and lay.chunk_offsets.tolist() == [0, 3, 3, 4, 8]
+    assert seg.layout.chunk_offsets.tolist() == [0, 2, 3, 3, 4, 6, 8]
+    assert lay.chunk_offsets.tolist() == [0, 3, 3, 4, 8]
     with pytest.raises(ValueError, match="at least one chunk"):
         chunk.SegmentLayout.build(lay, 0)
     kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]

@@ -30,12 +30,14 @@ def _candidates():
 
     # (module, kernel, its configs, the launcher that runs it: chunk_gdn, or chunk_fused_gdn with the
     # output pass, with the output folded into the state pass, with the chunk-parallel state pass
-    # without or with the output folded in, or with the output pass over pairs of chunks)
+    # without or with the output folded in or with warm-up segments, or with the output pass over pairs of
+    # chunks)
     kernels = [(chunk_fused, "_chunk_prep_kernel", chunk_fused.PREP_CONFIGS, "fused"),
                (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "fused-output"),
                (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "chunk"),
                (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "cp"),
                (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "cp-output"),
+               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "warm-up-output"),
                (chunk, "_chunk_output_kernel", chunk.OUTPUT_CONFIGS, "chunk"),
                (chunk_fused, "_output_span2_kernel", chunk_fused._output_span2_kernel.configs, "span2")]
     return [(module, name, i, run) for module, name, configs, run in kernels for i in range(len(configs))]
@@ -71,7 +73,8 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
     from gdnbench_kernels import chunk, chunk_fused
 
     layout = chunk.ChunkLayout.build(2, 300, None, DEVICE)
-    segments = chunk.SegmentLayout.build(layout, 2) if run.startswith("cp") else None  # 3 segments a sequence
+    segments = chunk.SegmentLayout.build(layout, 2, warm_up=run.startswith("warm-up")) \
+        if run.startswith(("cp", "warm-up")) else None  # 3 segments a sequence
     span = 2 if run == "span2" else 1
     ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=run == "chunk", raw_gate=False,
                                        fuse_output=run.endswith("-output"), final_state=True, segments=segments,

@@ -7,7 +7,8 @@
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
   segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
-               several segment sizes, each with the output pass and with the output folded in;
+               several segment sizes, each with the output pass and with the output folded in, and
+               with warm-up segments (``warm_up``, the output always folded in);
   walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
                (with the default output rule, and with the output fused in) and the Gluon walk for Hopper
                (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks);
@@ -111,10 +112,11 @@ def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> 
 
 
 def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
-    names = ["fused"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")]
+    names = ["fused"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")] + [f"warm-up{c}" for c in sizes]
     _sweep_variants(suite, pattern, device, names,
                     lambda p: [_prepare(p, fused=True)] + [_prepare(p, fused=True, segment_chunks=c, fuse_output=out)
-                                                           for c in sizes for out in (False, True)])
+                                                           for c in sizes for out in (False, True)] +
+                    [_prepare(p, fused=True, segment_chunks=c, warm_up=True) for c in sizes])
 
 
 def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:

@@ -1,10 +1,12 @@
-"""triton.chunk, triton.chunk_fused and triton.chunk_fused_cp: the bundled chunked-prefill Triton kernels.
+"""triton.chunk, triton.chunk_fused, triton.chunk_fused_cp and triton.chunk_fused_warm_up: the bundled
+chunked-prefill Triton kernels.
 
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T
 and the triangular solve into one kernel, takes W and U's products inside the state pass instead of
 storing them and, for many sequences, folds the outputs into the state pass too;
-``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout).
+``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout), and
+``triton.chunk_fused_warm_up`` the same with warm-up segments instead of the scan.
 All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
 cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
 which then neither allocates nor syncs. Runs on a CPU in Triton's interpreter.
@@ -36,11 +38,12 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 
 def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
-             segment_chunks: int | None = None, output_span: int | None = None,
+             segment_chunks: int | None = None, warm_up: bool = False, output_span: int | None = None,
              pipeline_chunks: int | None = None, walk: str | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
-    segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks.
+    segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks; warm_up:
+    their entering states from a decay-bounded warm-up walk instead of a scan (``chunk.SegmentLayout``).
     output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``.
     pipeline_chunks (fused only, no segments): prep, walk and output pass (or the walk with the output fused
     in) in groups of that many chunks of every sequence, overlapped on their own streams
@@ -54,7 +57,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     gating: dict[str, Any] = (dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias) if raw
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
-    segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks)
+    segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks, warm_up)
     walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
                                                fuse_output) if fused else ("triton", False))
     if output_span is None:
@@ -76,7 +79,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                                         output_span=span, pipeline=pipeline, walk=walk)
 
         kernels = "gate+kkt+solve in one, W/U in the state pass" + (
-            f", state pass over segments of {segment_chunks} chunks" if segments else "") + (
+            f", state pass over {'warm-up ' if warm_up else ''}segments of {segment_chunks} chunks" if segments
+            else "") + (
             f", pipelined in groups of {pipeline_chunks} chunks" if pipeline else "")
         configs = chunk_fused.STATE_CONFIGS
     else:
@@ -130,3 +134,11 @@ def triton_chunk_fused_cp(p: Problem) -> Prepared:
     """triton.chunk_fused with the chunk-parallel state pass (segments of 32 chunks, a scan across them):
     for a few long sequences, whose sequential walk over chunks has too few programs."""
     return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS)
+
+
+@backend("triton.chunk_fused_warm_up", requires=(FUSED_KERNEL,), **_ENVELOPE)
+def triton_chunk_fused_warm_up(p: Problem) -> Prepared:
+    """triton.chunk_fused_cp with warm-up segments: each segment of 32 chunks walks from zero (or h0) the
+    chunks before it back to where their decay reaches exp(-20), then its own, all segments at once; no scan.
+    Within exp(-20) of exact for unit-norm keys (every case's: qk_l2norm pre or kernel)."""
+    return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS, warm_up=True)
