@@ -107,7 +107,7 @@ _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true",
 _UPCAST_BF16_DOT: tl.constexpr = tl.constexpr(_INTERPRET_ENV)
 # The interpreter runs no inline PTX: there, _exp is tl.exp.
 _PTX_EXP: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)
-# A warm-up segment (SegmentLayout.warm_up) starts that many chunks back whose summed log decay reaches this.
+# A warm-up segment (SegmentLayout.warm_up) starts as many chunks back as their summed log decay needs to reach this.
 # With unit-norm keys and beta in [0, 1] each token's transition exp(g) (I - beta k k^T) has norm <= exp(g),
 # so the state it drops is scaled by at most exp(-20) ~ 2e-9 before it reaches the segment.
 WARM_UP_LOG_DECAY = -20.0
@@ -728,7 +728,7 @@ class SegmentLayout:
 
     With ``warm_up``, one pass instead: each segment walks, state only, the chunks before it back to where
     their decay reaches exp(WARM_UP_LOG_DECAY) (or its sequence's start, from h0), then its own chunks with
-    the outputs. The state that leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys);
+    the outputs. The state this leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys);
     where decay is strong (the suites' gates: about -31 a chunk at gate_norm 1) one chunk suffices, where
     it is weak the warm-up reaches back to the sequence's start and the walk is as long as the sequential one.
     Built on the host once, outside any timed call.
