@@ -493,6 +493,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
     dt = k.dtype.element_ty
 
     i_t0 = 0
+    ht_rows = K
     if SEGMENT == 3:
         i_n = tl.load(seg_parent + i_n).to(tl.int64)  # from here on: the sequence (h0, ht)
         seq_bos, seq_len = _seq_bounds(parent_bounds, i_n)
@@ -506,7 +507,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
                              tl.where(bos + i_t0 * BT == seq_bos, K, 0), V, cols_v, V)
         else:
             b_h = tl.zeros([BK, BV], dtype=tl.float32)
-        is_last = bos + n_tok == seq_bos + seq_len
+        ht_rows = tl.where(bos + n_tok == seq_bos + seq_len, K, 0)  # only a sequence's last segment stores ht
     elif USE_H0:
         b_h = _load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
     elif SEGMENT == 2:
@@ -546,11 +547,10 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         if FUSE_OUTPUT:
             b_q = _load_qk(q + bos * H * K + i_hk * K, rows_in, None, H * K, K, BK, L2NORM)
             b_o = _output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, scale, IEEE)
+            rows_o = rows
             if SEGMENT == 3:  # a warm-up chunk (i_t < 0) is the segment before's: it stores nothing
-                _store_tile(o + bos * HV * V + i_h * V, tl.where(rows >= 0, rows, n_tok), n_tok, HV * V, cols_v, V,
-                            b_o)
-            else:
-                _store_tile(o + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_o)
+                rows_o = tl.where(rows >= 0, rows, n_tok)
+            _store_tile(o + bos * HV * V + i_h * V, rows_o, n_tok, HV * V, cols_v, V, b_o)
         elif SEGMENT == 0:
             _store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
         gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
@@ -558,11 +558,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         b_vdec = _cast(b_v * tl.where(valid, _exp(gc_last - b_gc), 0.0)[:, None], dt)
         b_h = b_h * _exp(gc_last) + _dot(tl.trans(b_k), b_vdec, IEEE)
     if STORE_HT:
-        if SEGMENT == 3:
-            _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, tl.where(is_last, K, 0), V, cols_v, V,
-                        b_h)
-        else:
-            _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_h)
+        _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, ht_rows, V, cols_v, V, b_h)
 
 
 _chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS,
