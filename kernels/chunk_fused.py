@@ -43,7 +43,8 @@ together at C = 64, K = V = 128 in bf16) on short sequences. For a few long sequ
 can run chunk-parallel instead (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined
 by a scan; the backend triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next
 on an H100 (measured when W and U were stored); or with warm-up segments (``SegmentLayout.warm_up``: each
-segment starts a few decayed chunks early; the backend triton.chunk_fused_warm_up), not yet measured.
+segment starts a few decayed chunks early), the default where the walks are few (``warm_up_default``):
+1.24-1.34x on qwen3-next B=1 and up to 4x on parity's few long walks on an H100.
 
 Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.6's ptxas), no spills,
 4 warps, 1 stage: the prep kernel 127 at K = 128 (128 with raw gating and the in-kernel L2 norm), 125 at
@@ -70,7 +71,7 @@ from . import chunk_walk_sm90
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
-           "walk_default", "plan_walk", "describe"]
+           "walk_default", "plan_walk", "warm_up_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -360,6 +361,41 @@ SM90_LONG_WALK_MIN_CHUNKS = 64
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+# Warm-up segments (``chunk.SegmentLayout`` with ``warm_up``) by default where the sequential walks' programs
+# (N * HV walks of about V / 64 programs each) leave SMs idle: the walks are cut into segments that, with
+# each one's few warm-up chunks, all run at once, about two programs per SM in all, of 4 to 64 chunks, when
+# the longest walk makes 4 segments or more. Forced on an H100 (chunk_fused_sweep segments, us; the default
+# then (the Gluon walk at qwen3-next B=1) -> warm-up segments of 4 / 8 / 16 / 32 / 64 / 128 chunks):
+#   qwen3-next B=1 (N*HV 32): T=4096 147.2 -> - / 124.5 / 117.8 / 155.6 / 218.6; T=8192 283.5 -> - / 232.1 /
+#       220.3 / 215.5 / 288.8; T=16384 553.6 -> - / 446.7 / 423.0 / 411.3 / 406.0; T=32768 1069.3 -> 804.5 (32)
+#       / 796.7 (64) / 791.5 (128); T=65536 2098.4 -> 1582.5 (32) / 1566.8 (64) / 1561.8 (128) / 1564.3 (256);
+#   parity, few long walks (4 / 8 / 16): N=1 T=8192 HV=4 K=60 144.7 -> 36.3 / 43.0 / 61.3; B=4 T=2048 HV=8 K=64
+#       68.9 -> 50.3 / 57.5 / 72.3; B=4 T=1024 HV=4 K=128 40.4 -> 33.7 / 40.8 / 56.9; B=3 T=1024 K=100 41.6 ->
+#       35.2; varlen N=8 T=4096 34.0 -> 29.4, N=16 T=8192 45.6 -> 37.2, N=32 T=8192 (128 walks, K=64) 48.0 ->
+#       37.5; but B=2 T=1500 HV=4 at gate_norm 10 (weak decay, warm-ups of about 7 chunks) 46.5 -> 48.1;
+#   walks of 8 chunks (fewer than 4 segments, left sequential): B=2 T=500 HV=3 24.7 -> 25.6, varlen N=3 T=1000
+#       23.1 -> 24.4 and 21.9 -> 24.0, B=8 T=512 HV=8 K=128 (the Gluon walk) 41.7 -> 46.4;
+#   many walks: qwen3-next B=4 T=8192 (N*HV 128 at K=128) 800.2 -> 799.0 (64), varlen N=128 (512) 34.6 -> 35.1.
+# Where decay is weak, every warm-up reaches back to its sequence's start: no faster than the sequential walk.
+WARM_UP_SEGMENT_CHUNKS = (4, 64)  # the least and the most chunks per segment
+WARM_UP_MIN_SEGMENTS = 4  # of the longest walk
+WARM_UP_PROGRAMS_PER_SM = 2
+
+
+def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) -> int | None:
+    """Chunks per warm-up segment by default (see WARM_UP_SEGMENT_CHUNKS), or None for the sequential walk:
+    on a GPU, where the walks' programs are fewer than its SMs and the longest walk makes WARM_UP_MIN_SEGMENTS
+    segments. Within exp(chunk.WARM_UP_LOG_DECAY) of exact for keys of norm 1 or less (SegmentLayout)."""
+    if device.type != "cuda":
+        return None
+    per_walk, sms = triton.cdiv(V, 64), _sm_count(device)
+    if layout.N * HV * per_walk >= sms:
+        return None
+    least, most = WARM_UP_SEGMENT_CHUNKS
+    chunks = min(max(triton.cdiv(layout.NT * HV * per_walk, WARM_UP_PROGRAMS_PER_SM * sms), least), most)
+    return chunks if triton.cdiv(layout.max_len, CHUNK) >= WARM_UP_MIN_SEGMENTS * chunks else None
 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,

@@ -658,6 +658,26 @@ def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks)
     assert chunk_fused.pipeline_default(chunk.ChunkLayout.build(B, T, None, CPU), HV, fuse) == chunks
 
 
+@pytest.mark.parametrize("B,T,HV,V,chunks", [
+    (1, 4096, 32, 128, 16),  # 64 walk programs on 132 SMs: segments of about 2 programs per SM in all
+    (1, 8192, 32, 128, 32),
+    (1, 65536, 32, 128, 64),  # at most 64
+    (4, 8192, 32, 128, None),  # 256 walk programs: the SMs are busy already
+    (4, 2048, 8, 64, 4),  # at least 4
+    (1, 8192, 4, 60, 4),
+    (8, 512, 8, 128, None),  # walks of 8 chunks: fewer than 4 segments of 4
+    (4, 1024, 4, 128, 4),  # walks of 16 chunks: 4 segments
+])
+def test_warm_up_segments_by_default_only_where_the_walks_are_few(B, T, HV, V, chunks, monkeypatch):
+    """warm_up_default on an H100's 132 SMs (faked on a CPU); never on a CPU."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    layout = chunk.ChunkLayout.build(B, T, None, CPU)
+    assert chunk_fused.warm_up_default(layout, HV, V, torch.device(CPU)) is None
+    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    assert chunk_fused.warm_up_default(layout, HV, V, torch.device("cuda")) == chunks
+
+
 def test_a_pipeline_cuts_every_sequence_into_groups():
     from gdnbench_kernels import chunk, chunk_fused
 

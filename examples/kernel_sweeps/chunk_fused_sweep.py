@@ -6,9 +6,10 @@
                whole calls interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
-  segments     time triton.chunk_fused against its chunk-parallel state pass (``segment_chunks``) at
-               several segment sizes, each with the output pass and with the output folded in, and
-               with warm-up segments (``warm_up``, the output always folded in);
+  segments     time triton.chunk_fused (its default rules, then its sequential walk) against its
+               chunk-parallel state pass (``segment_chunks``) at several segment sizes, each with the output
+               pass and with the output folded in, and with warm-up segments (``warm_up``, the output always
+               folded in);
   walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
                (with the default output rule, and with the output fused in) and the Gluon walk for Hopper
                (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks);
@@ -112,10 +113,11 @@ def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> 
 
 
 def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
-    names = ["fused"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")] + [f"warm-up{c}" for c in sizes]
+    names = ["fused", "sequential"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")] + \
+        [f"warm-up{c}" for c in sizes]
     _sweep_variants(suite, pattern, device, names,
-                    lambda p: [_prepare(p, fused=True)] + [_prepare(p, fused=True, segment_chunks=c, fuse_output=out)
-                                                           for c in sizes for out in (False, True)] +
+                    lambda p: [_prepare(p, fused=True), _prepare(p, fused=True, segment_chunks=0)] +
+                    [_prepare(p, fused=True, segment_chunks=c, fuse_output=out) for c in sizes for out in (False, True)] +
                     [_prepare(p, fused=True, segment_chunks=c, warm_up=True) for c in sizes])
 
 

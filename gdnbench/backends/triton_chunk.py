@@ -4,7 +4,8 @@ chunked-prefill Triton kernels.
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T
 and the triangular solve into one kernel, takes W and U's products inside the state pass instead of
-storing them and, for many sequences, folds the outputs into the state pass too;
+storing them and, for many sequences, folds the outputs into the state pass too (and for few long
+walks on a GPU, cuts them into warm-up segments);
 ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout), and
 ``triton.chunk_fused_warm_up`` the same with warm-up segments instead of the scan.
 All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
@@ -43,7 +44,9 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks; warm_up:
-    their entering states from a decay-bounded warm-up walk instead of a scan (``chunk.SegmentLayout``).
+    their entering states from a decay-bounded warm-up walk instead of a scan (``chunk.SegmentLayout``);
+    None: warm-up segments where the kernel's default rule says so (``chunk_fused.warm_up_default``) unless
+    fuse_output, walk or pipeline_chunks is given; 0: the sequential walk.
     output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``.
     pipeline_chunks (fused only, no segments): prep, walk and output pass (or the walk with the output fused
     in) in groups of that many chunks of every sequence, overlapped on their own streams
@@ -57,7 +60,9 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     gating: dict[str, Any] = (dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias) if raw
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
-    segments = None if segment_chunks is None else chunk.SegmentLayout.build(layout, segment_chunks, warm_up)
+    if segment_chunks is None and fused and fuse_output is None and walk is None and pipeline_chunks is None:
+        segment_chunks, warm_up = chunk_fused.warm_up_default(layout, case.HV, case.V, p.q.device), True
+    segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up) if segment_chunks else None
     walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
                                                fuse_output) if fused else ("triton", False))
     if output_span is None:
@@ -118,7 +123,7 @@ def triton_chunk(p: Problem) -> Prepared:
 @backend("triton.chunk_fused", requires=(FUSED_KERNEL,), **_ENVELOPE)
 def triton_chunk_fused(p: Problem) -> Prepared:
     """Bundled Triton chunked prefill, gate+K K^T+solve fused, W/U in the state pass (and the output pass for
-    many sequences)."""
+    many sequences; warm-up segments, the output in their walk, for few long walks on a GPU)."""
     return _prepare(p, fused=True)
 
 
@@ -140,5 +145,6 @@ def triton_chunk_fused_cp(p: Problem) -> Prepared:
 def triton_chunk_fused_warm_up(p: Problem) -> Prepared:
     """triton.chunk_fused_cp with warm-up segments: each segment of 32 chunks walks from zero (or h0) the
     chunks before it back to where their decay reaches exp(-20), then its own, all segments at once; no scan.
-    Within exp(-20) of exact for unit-norm keys (every case's: qk_l2norm pre or kernel)."""
+    Within exp(-20) of exact for unit-norm keys (every case's: qk_l2norm pre or kernel). triton.chunk_fused
+    takes them by default where its walks are few; this forces them everywhere, in segments of one size."""
     return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS, warm_up=True)
