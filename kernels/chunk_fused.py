@@ -44,7 +44,7 @@ can run chunk-parallel instead (``segments``, ``chunk.SegmentLayout``: per-segme
 by a scan; the backend triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next
 on an H100 (measured when W and U were stored); or with warm-up segments (``SegmentLayout.warm_up``: each
 segment starts a few decayed chunks early), the default where the walks are few (``warm_up_default``):
-1.24-1.34x on qwen3-next B=1 and up to 4x on parity's few long walks on an H100.
+1.25-1.36x on qwen3-next B=1 and up to 4x on parity's few long walks on an H100.
 
 Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.6's ptxas), no spills,
 4 warps, 1 stage: the prep kernel 127 at K = 128 (128 with raw gating and the in-kernel L2 norm), 125 at
@@ -377,7 +377,11 @@ def _sm_count(device: torch.device) -> int:
 #       37.5; but B=2 T=1500 HV=4 at gate_norm 10 (weak decay, warm-ups of about 7 chunks) 46.5 -> 48.1;
 #   walks of 8 chunks (fewer than 4 segments, left sequential): B=2 T=500 HV=3 24.7 -> 25.6, varlen N=3 T=1000
 #       23.1 -> 24.4 and 21.9 -> 24.0, B=8 T=512 HV=8 K=128 (the Gluon walk) 41.7 -> 46.4;
-#   many walks: qwen3-next B=4 T=8192 (N*HV 128 at K=128) 800.2 -> 799.0 (64), varlen N=128 (512) 34.6 -> 35.1.
+#   long-prefill (the sequential walk, the Gluon one here -> the default's segments): B=2 T=8192 HV=16 285.0 ->
+#       221.7, B=2 T=16384 HV=16 556.6 -> 430.9, varlen N=2 T=32768 1070.9 -> 801.5;
+#   many walks: qwen3-next B=4 T=8192 (N*HV 128 at K=128) 800.2 -> 799.0 (64), varlen N=128 (512) 34.6 -> 35.1;
+#       but unequal long walks gain, left sequential by this rule: long-prefill varlen N=3 T=16384 (N*HV 96,
+#       longest 136 chunks) 646.8 -> 418.9 (64).
 # Where decay is weak, every warm-up reaches back to its sequence's start: no faster than the sequential walk.
 WARM_UP_SEGMENT_CHUNKS = (4, 64)  # the least and the most chunks per segment
 WARM_UP_MIN_SEGMENTS = 4  # of the longest walk
