@@ -117,7 +117,8 @@ def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes:
         [f"warm-up{c}" for c in sizes]
     _sweep_variants(suite, pattern, device, names,
                     lambda p: [_prepare(p, fused=True), _prepare(p, fused=True, segment_chunks=0)] +
-                    [_prepare(p, fused=True, segment_chunks=c, fuse_output=out) for c in sizes for out in (False, True)] +
+                    [_prepare(p, fused=True, segment_chunks=c, fuse_output=out)
+                     for c in sizes for out in (False, True)] +
                     [_prepare(p, fused=True, segment_chunks=c, warm_up=True) for c in sizes])
 
 
