@@ -43,8 +43,9 @@ together at C = 64, K = V = 128 in bf16) on short sequences. For a few long sequ
 can run chunk-parallel instead (``segments``, ``chunk.SegmentLayout``: per-segment transitions combined
 by a scan; the backend triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next
 on an H100 (measured when W and U were stored); or with warm-up segments (``SegmentLayout.warm_up``: each
-segment starts a few decayed chunks early), the default where the walks are few (``warm_up_default``):
-1.25-1.36x on qwen3-next B=1 and up to 4x on parity's few long walks on an H100.
+segment starts a few decayed chunks early), the default where the walks are few or unequal
+(``warm_up_default``): 1.25-1.36x on qwen3-next B=1, up to 4x on parity's few long walks and 1.5-1.7x on
+long-prefill's unequal varlen rows on an H100.
 
 Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.6's ptxas), no spills,
 4 warps, 1 stage: the prep kernel 127 at K = 128 (128 with raw gating and the in-kernel L2 norm), 125 at
@@ -363,11 +364,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-# Warm-up segments (``chunk.SegmentLayout`` with ``warm_up``) by default where the sequential walks' programs
-# (N * HV walks of about V / 64 programs each) leave SMs idle: the walks are cut into segments that, with
-# each one's few warm-up chunks, all run at once, about two programs per SM in all, of 4 to 64 chunks, when
-# the longest walk makes 4 segments or more. Forced on an H100 (chunk_fused_sweep segments, us; the default
-# then (the Gluon walk at qwen3-next B=1) -> warm-up segments of 4 / 8 / 16 / 32 / 64 / 128 chunks):
+# Warm-up segments (``chunk.SegmentLayout`` with ``warm_up``) by default where the sequential walks (N * HV
+# walks of about V / 64 programs each) leave SMs idle for most of the longest walk: the walks are cut into
+# segments that, with each one's few warm-up chunks, all run at once, about two programs per SM in all, of 4 to
+# 64 chunks, when the longest walk makes 3 segments or more. Forced on an H100 (chunk_fused_sweep segments, us;
+# the default then (the Gluon walk at qwen3-next B=1) -> warm-up segments of 4 / 8 / 16 / 32 / 64 / 128 chunks):
 #   qwen3-next B=1 (N*HV 32): T=4096 147.2 -> - / 124.5 / 117.8 / 155.6 / 218.6; T=8192 283.5 -> - / 232.1 /
 #       220.3 / 215.5 / 288.8; T=16384 553.6 -> - / 446.7 / 423.0 / 411.3 / 406.0; T=32768 1069.3 -> 804.5 (32)
 #       / 796.7 (64) / 791.5 (128); T=65536 2098.4 -> 1582.5 (32) / 1566.8 (64) / 1561.8 (128) / 1564.3 (256);
@@ -375,31 +376,38 @@ def _sm_count(device: torch.device) -> int:
 #       68.9 -> 50.3 / 57.5 / 72.3; B=4 T=1024 HV=4 K=128 40.4 -> 33.7 / 40.8 / 56.9; B=3 T=1024 K=100 41.6 ->
 #       35.2; varlen N=8 T=4096 34.0 -> 29.4, N=16 T=8192 45.6 -> 37.2, N=32 T=8192 (128 walks, K=64) 48.0 ->
 #       37.5; but B=2 T=1500 HV=4 at gate_norm 10 (weak decay, warm-ups of about 7 chunks) 46.5 -> 48.1;
-#   walks of 8 chunks (fewer than 4 segments, left sequential): B=2 T=500 HV=3 24.7 -> 25.6, varlen N=3 T=1000
+#   walks of 8 chunks (2 segments of 4, left sequential): B=2 T=500 HV=3 24.7 -> 25.6, varlen N=3 T=1000
 #       23.1 -> 24.4 and 21.9 -> 24.0, B=8 T=512 HV=8 K=128 (the Gluon walk) 41.7 -> 46.4;
 #   long-prefill (the sequential walk, the Gluon one here -> the default's segments): B=2 T=8192 HV=16 285.0 ->
 #       221.7, B=2 T=16384 HV=16 556.6 -> 430.9, varlen N=2 T=32768 1070.9 -> 801.5;
 #   many walks: qwen3-next B=4 T=8192 (N*HV 128 at K=128) 800.2 -> 799.0 (64), varlen N=128 (512) 34.6 -> 35.1;
-#       but unequal long walks gain, left sequential by this rule: long-prefill varlen N=3 T=16384 (N*HV 96,
-#       longest 136 chunks) 646.8 -> 418.9 (64).
+#       parity B=16 T=256 HV=8 K=128 (walks of 4 chunks) 41.0 -> 50.8 (2) / 42.2 (4);
+#   many unequal walks, the longest over twice the even share (2 / 4 / 32 / 64 / 128 chunks): long-prefill varlen
+#       N=3 T=16384 (N*HV 96, longest 136 chunks, share 63) 710.9 -> - / - / 414.3 / 411.4 / 611.2; N=4 T=32768
+#       (128, 285, share 125) 1246.5 -> - / - / 825.2 / 824.0 / 906.0; parity varlen N=32 T=4096 K=128 (128,
+#       9, share 2.4) 50.7 -> 38.1 / 38.4; N=64 T=8192 K=64 (256, 11, share 2.4) 45.5 -> 38.3 / 38.4; under
+#       twice: N=64 T=6656 K=128 (256, 7, share 4.2) 51.7 -> 51.7 / 50.6.
 # Where decay is weak, every warm-up reaches back to its sequence's start: no faster than the sequential walk.
 WARM_UP_SEGMENT_CHUNKS = (4, 64)  # the least and the most chunks per segment
-WARM_UP_MIN_SEGMENTS = 4  # of the longest walk
+WARM_UP_MIN_SEGMENTS = 3  # of the longest walk
 WARM_UP_PROGRAMS_PER_SM = 2
 
 
 def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) -> int | None:
     """Chunks per warm-up segment by default (see WARM_UP_SEGMENT_CHUNKS), or None for the sequential walk:
-    on a GPU, where the walks' programs are fewer than its SMs and the longest walk makes WARM_UP_MIN_SEGMENTS
-    segments. Within exp(chunk.WARM_UP_LOG_DECAY) of exact for keys of norm 1 or less (SegmentLayout)."""
+    on a GPU, where the longest walk is more than twice as long as each of the walks' programs would walk with
+    the chunks shared out evenly, two programs per SM (for equal walks: where the programs are fewer than the
+    SMs), and makes WARM_UP_MIN_SEGMENTS segments or more. Within exp(chunk.WARM_UP_LOG_DECAY) of exact for keys
+    of norm 1 or less (SegmentLayout)."""
     if device.type != "cuda":
         return None
-    per_walk, sms = triton.cdiv(V, 64), _sm_count(device)
-    if layout.N * HV * per_walk >= sms:
+    sms, longest = _sm_count(device), triton.cdiv(layout.max_len, CHUNK)
+    walked = layout.NT * HV * triton.cdiv(V, 64)  # chunks walked by all the programs (BV 64)
+    if longest * sms <= walked:
         return None
     least, most = WARM_UP_SEGMENT_CHUNKS
-    chunks = min(max(triton.cdiv(layout.NT * HV * per_walk, WARM_UP_PROGRAMS_PER_SM * sms), least), most)
-    return chunks if triton.cdiv(layout.max_len, CHUNK) >= WARM_UP_MIN_SEGMENTS * chunks else None
+    chunks = min(max(triton.cdiv(walked, WARM_UP_PROGRAMS_PER_SM * sms), least), most)
+    return chunks if triton.cdiv(longest, chunks) >= WARM_UP_MIN_SEGMENTS else None
 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,

@@ -11,6 +11,7 @@ while the other tests run (tests/interpreter.py), this module's sm_90 compiles a
 from __future__ import annotations
 
 import importlib
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -658,21 +659,24 @@ def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks)
     assert chunk_fused.pipeline_default(chunk.ChunkLayout.build(B, T, None, CPU), HV, fuse) == chunks
 
 
-@pytest.mark.parametrize("B,T,HV,V,chunks", [
-    (1, 4096, 32, 128, 16),  # 64 walk programs on 132 SMs: segments of about 2 programs per SM in all
-    (1, 8192, 32, 128, 32),
-    (1, 65536, 32, 128, 64),  # at most 64
-    (4, 8192, 32, 128, None),  # 256 walk programs: the SMs are busy already
-    (4, 2048, 8, 64, 4),  # at least 4
-    (1, 8192, 4, 60, 4),
-    (8, 512, 8, 128, None),  # walks of 8 chunks: fewer than 4 segments of 4
-    (4, 1024, 4, 128, 4),  # walks of 16 chunks: 4 segments
+@pytest.mark.parametrize("lengths,HV,V,chunks", [
+    ([4096], 32, 128, 16),  # 64 walk programs on 132 SMs: segments of about 2 programs per SM in all
+    ([8192], 32, 128, 32),
+    ([65536], 32, 128, 64),  # at most 64
+    ([8192] * 4, 32, 128, None),  # 256 walk programs of equal walks: the SMs are busy already
+    ([2048] * 4, 8, 64, 4),  # at least 4
+    ([8192], 4, 60, 4),
+    ([512] * 8, 8, 128, None),  # walks of 8 chunks: 2 segments of 4
+    ([576] * 8, 4, 128, 4),  # walks of 9 chunks: 3 segments
+    ([8662, 112, 7610], 32, 128, 63),  # 192 walk programs, but the longest walk is 2.2 times the even share
+    ([8192, 8192, 8192, 8000], 32, 128, None),  # the longest walk is about the even share
 ])
-def test_warm_up_segments_by_default_only_where_the_walks_are_few(B, T, HV, V, chunks, monkeypatch):
+def test_warm_up_segments_by_default_only_where_the_walks_are_few_or_unequal(lengths, HV, V, chunks, monkeypatch):
     """warm_up_default on an H100's 132 SMs (faked on a CPU); never on a CPU."""
     from gdnbench_kernels import chunk, chunk_fused
 
-    layout = chunk.ChunkLayout.build(B, T, None, CPU)
+    cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
+    layout = chunk.ChunkLayout.build(1, sum(lengths), cu_seqlens, CPU)
     assert chunk_fused.warm_up_default(layout, HV, V, torch.device(CPU)) is None
     monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
     assert chunk_fused.warm_up_default(layout, HV, V, torch.device("cuda")) == chunks
