@@ -4,8 +4,8 @@ chunked-prefill Triton kernels.
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T
 and the triangular solve into one kernel, takes W and U's products inside the state pass instead of
-storing them and, for many sequences, folds the outputs into the state pass too (and for few long
-walks on a GPU, cuts them into warm-up segments);
+storing them and, for many sequences, folds the outputs into the state pass too (and for few or
+unequal long walks on a GPU, cuts them into warm-up segments);
 ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout), and
 ``triton.chunk_fused_warm_up`` the same with warm-up segments instead of the scan.
 All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
@@ -123,7 +123,7 @@ def triton_chunk(p: Problem) -> Prepared:
 @backend("triton.chunk_fused", requires=(FUSED_KERNEL,), **_ENVELOPE)
 def triton_chunk_fused(p: Problem) -> Prepared:
     """Bundled Triton chunked prefill, gate+K K^T+solve fused, W/U in the state pass (and the output pass for
-    many sequences; warm-up segments, the output in their walk, for few long walks on a GPU)."""
+    many sequences; warm-up segments, the output in their walk, for few or unequal long walks on a GPU)."""
     return _prepare(p, fused=True)
 
 
@@ -146,5 +146,5 @@ def triton_chunk_fused_warm_up(p: Problem) -> Prepared:
     """triton.chunk_fused_cp with warm-up segments: each segment of 32 chunks walks from zero (or h0) the
     chunks before it back to where their decay reaches exp(-20), then its own, all segments at once; no scan.
     Within exp(-20) of exact for unit-norm keys (every case's: qk_l2norm pre or kernel). triton.chunk_fused
-    takes them by default where its walks are few; this forces them everywhere, in segments of one size."""
+    takes them by default where its walks are few or unequal; this forces them everywhere, in segments of one size."""
     return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS, warm_up=True)
