@@ -147,3 +147,32 @@ def test_revision_ab_row_names_each_sides_path_where_they_differ():
     differ = row("c", "b", 30.0, 20.0, [ok, bad], ["raw gating; BV=16 num_warps=2", "raw gating; BV=8 num_warps=1"])
     assert differ.endswith("PASS/FAIL (o off by 1e-1)  paths: BV=16 num_warps=2 | BV=8 num_warps=1"), differ
     assert row("c", "b", 1.0, 1.0, [ok, ok], ["a; b", "a"]).endswith("paths: b | -")
+
+
+def test_decode_sweep_times_the_copies_beside_the_configs():
+    rows = _sweep("smoke", "-k", "slots=scattered", "-c", "16,4,1", "--copies", tool="recurrent_sweep", rows="decode/")
+    assert [r.split()[1] for r in rows] == ["16/4x1", "copy", "slot-copy"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_slot_copy_flips_the_touched_slots_only(dtype):
+    """The slot copy must move the touched slots' bytes, all of them and no others: after one call each
+    touched slot is its bitwise NOT and every other slot is untouched (a head dim of 60: a slot is not a
+    whole number of blocks)."""
+    code = f"""
+import torch
+from examples.kernel_sweeps.recurrent_sweep import slot_copy
+pool = torch.randn(7, 2, 60, 60).to(torch.{dtype})
+before = pool.clone()
+slots = torch.tensor([5, 0, 3], dtype=torch.int32)
+slot_copy(pool, slots)()
+ints = {{2: torch.int16, 4: torch.int32}}[pool.element_size()]
+flipped = (pool.view(ints) == ~before.view(ints)).flatten(1).all(1)
+same = (pool.view(ints) == before.view(ints)).flatten(1).all(1)
+print(flipped.tolist(), same.tolist())
+"""
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"},
+                         capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr[-2000:]
+    touched = [i in (5, 0, 3) for i in range(7)]
+    assert run.stdout.split("\n")[-2] == f"{touched} {[not t for t in touched]}"

@@ -13,6 +13,15 @@ harness.
     python -m examples.kernel_sweeps.recurrent_sweep decode -k "B=256,T=4,H=16,HV=32"
     python -m examples.kernel_sweeps.recurrent_sweep decode -k "B=256,T=2" -c 8,1,1 -c 8,1,4 -c 64,4,1
 
+With ``--copies``, two copies are timed in the same alternation on a pool case, as rows ``copy`` and
+``slot-copy`` (their "vs fastest": copy time / the fastest config's, so 0.95 means that config runs at 95%
+of the copy's rate): gdnbench's copy reference (``--copy-reference``: a contiguous copy of the case's bytes)
+and an in-place bitwise NOT of each slot the case touches (in a pool of the same shape), which reads and
+writes where the kernel does, without its math. On an H100 that showed the scattered-slot rows' ceiling under the
+contiguous copy's (BENCHMARKS.md, twenty-fifth session).
+
+    python -m examples.kernel_sweeps.recurrent_sweep decode -k "slots=scattered" --copies
+
 On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's interpreter: a correctness check of
 every config, with wall-clock times that mean nothing.
 """
@@ -23,17 +32,42 @@ from __future__ import annotations
 import numpy as np
 import torch
 import triton
+import triton.language as tl
 
+from gdnbench import roofline
 from gdnbench.backends.triton_recurrent import triton_recurrent
 from gdnbench.problem import make_problem
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
-from gdnbench.timing import measure_interleaved
+from gdnbench.timing import copy_moving, measure_interleaved
 
 from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timing, tool_parser
 
 
-def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device) -> None:
+SLOT_COPY_BLOCK = 2048  # elements per program: the fastest of 2048-16384 for a scattered bf16 pool on an H100
+
+
+@triton.jit
+def _slot_not_kernel(pool, slots, SLOT: tl.constexpr, BLOCK: tl.constexpr):
+    """Bitwise NOT, in place, of BLOCK elements of the slot ``slots[program // blocks per slot]``."""
+    per_slot: tl.constexpr = (SLOT + BLOCK - 1) // BLOCK
+    i = tl.program_id(0)
+    offs = (i % per_slot) * BLOCK + tl.arange(0, BLOCK)
+    p = pool + tl.load(slots + i // per_slot).to(tl.int64) * SLOT + offs
+    tl.store(p, ~tl.load(p, mask=offs < SLOT), mask=offs < SLOT)
+
+
+def slot_copy(pool: torch.Tensor, slots: torch.Tensor):
+    """A launch reading and writing each of ``slots`` (distinct, >= 0) of ``pool`` once, in place: the pool
+    traffic of a decode step on those slots, without its math. Each call flips the slots' bits."""
+    bits = pool.view({2: torch.int16, 4: torch.int32}[pool.element_size()])
+    slot = bits[0].numel()
+    grid = (slots.numel() * triton.cdiv(slot, SLOT_COPY_BLOCK),)
+    return lambda: _slot_not_kernel[grid](bits, slots, SLOT=slot, BLOCK=SLOT_COPY_BLOCK, num_warps=4)
+
+
+def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device,
+          copies: bool = False) -> None:
     from gdnbench_kernels import recurrent as kern
 
     s = load_suite(suite)
@@ -71,12 +105,20 @@ def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] |
             diffs.append((rel_diff(out.o, ref[0]), "-" if state is None else f"{rel_diff(state, ref[1]):.1e}"))
             if prepared.reset is not None:
                 prepared.reset()
-        ms = measure_interleaved([(call, prepared.reset) for _, call in runs], device=device,
-                                 config=sweep_timing(device))
+        timed = [(call, prepared.reset) for _, call in runs]
+        references = []
+        if copies and written is not None:
+            references = ["copy", "slot-copy"]
+            timed += [(copy_moving(int(roofline.traffic(case)[0]), device), None),
+                      (slot_copy(torch.empty_like(p.state_pool), written.to(torch.int32)), None)]
+        ms = measure_interleaved(timed, device=device, config=sweep_timing(device))
         medians = [float(np.median(m.samples_us)) for m in ms]
+        fastest = min(medians[:len(runs)])
         for (c, _), t, (d_o, d_state) in zip(runs, medians, diffs):
             label = f"{c.kwargs['BV']}/{c.num_warps}x{c.kwargs['ITEMS']}" + (f"r{c.maxnreg}" if c.maxnreg else "")
-            print(f"{case.id}  {label}  {t:9.1f}  {t / min(medians):.3f}  {d_o:.1e}  {d_state}", flush=True)
+            print(f"{case.id}  {label}  {t:9.1f}  {t / fastest:.3f}  {d_o:.1e}  {d_state}", flush=True)
+        for label, t in zip(references, medians[len(runs):]):
+            print(f"{case.id}  {label}  {t:9.1f}  {t / fastest:.3f}  -  -", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,8 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("-c", "--config", type=int_tuple("BV,WARPS,ITEMS[,MAXNREG]", "8,1,4", lengths=(3, 4)),
                         action="append", help="BV,WARPS,ITEMS[,MAXNREG] to force, MAXNREG a register cap per "
                                               "thread (repeatable; default: the shipped candidates)")
+    parser.add_argument("--copies", action="store_true",
+                        help="on pool cases, also time gdnbench's copy reference and an in-place copy of the "
+                             "case's slots (rows copy and slot-copy)")
     args = parser.parse_args(argv)
-    sweep(args.suite, args.filter, args.config, torch.device(args.device))
+    sweep(args.suite, args.filter, args.config, torch.device(args.device), args.copies)
 
 
 if __name__ == "__main__":
