@@ -45,11 +45,14 @@ which most of those rows then picked). One token keeps one run; per-token slots,
 token outweighs the reductions, keep 16 lanes.
 
 Tunables are BV, num_warps and ITEMS: (BV, num_warps) in (8, 1), (8, 2), (16, 1), (16, 2), (16, 4),
-(16, 8), (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1 or 4 items per program, num_stages 2,
-pruned per shape to BV <= next_pow2(V) and 4..64 state elements per thread (more spills on sm_90).
-Several items per program let a program's stores drain while its next item loads and computes: ncu
+(16, 8), (32, 4), (32, 8), (32, 16), (64, 4), (64, 8), (64, 16), each with 1, 2 or 4 items per program,
+num_stages 2, pruned per shape to BV <= next_pow2(V) and 4..64 state elements per thread (more spills on
+sm_90). Several items per program let a program's stores drain while its next item loads and computes: ncu
 put "drain" (warps waiting at exit for their stores) first among the stalls of the 1-item kernel at
-B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one token prefers 1.
+B=256 T=4 (H100), and 4 items made bf16 B=256 T=2 and T=4 13% and 5% faster; one token prefers 1 on an
+H100. On an H200 (faster memory, the same SMs) one token with a bf16 pool and raw gating ran fastest at
+16 / 2 warps with 2 items, 1.5-3.7% ahead of the best 1- or 4-item config at B = 128-512 and on scattered
+slots (forced configs, BENCHMARKS.md, twenty-fifth session).
 
 The first launch of each key (``tune_key``: K, V, pool, per-token slots, layout, GVA ratio, a tier of
 parallelism and of tokens per sequence; plus the argument dtypes) times the candidates side by side
@@ -102,7 +105,7 @@ _FAST_GATE: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)
 # over 32 * num_warps threads; configs that would leave threads idle or spill are pruned per shape (_prune).
 _GPU_CANDIDATES = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8), (32, 16), (64, 4),
                    (64, 8), (64, 16)]
-_ITEMS = (1, 4)
+_ITEMS = (1, 2, 4)
 _NUM_STAGES = 2  # lets the token loop prefetch the next token's q/k/v in a prefill
 if _INTERPRET_ENV:
     # The interpreter runs every program in numpy: one config, no tuning (``fastest`` returns a single
