@@ -17,8 +17,8 @@ With ``--copies``, two copies are timed in the same alternation on a pool case, 
 ``slot-copy`` (their "vs fastest": copy time / the fastest config's, so 0.95 means that config runs at 95%
 of the copy's rate): gdnbench's copy reference (``--copy-reference``: a contiguous copy of the case's bytes)
 and an in-place bitwise NOT of each slot the case touches (in a pool of the same shape), which reads and
-writes where the kernel does, without its math. On an H100 that showed the scattered-slot rows' ceiling under the
-contiguous copy's (BENCHMARKS.md, twenty-fifth session).
+writes where the kernel does, without its math. On an H100 that put the scattered-slot rows' ceiling 2%
+under the contiguous copy's (BENCHMARKS.md, twenty-fifth session).
 
     python -m examples.kernel_sweeps.recurrent_sweep decode -k "slots=scattered" --copies
 
@@ -28,6 +28,7 @@ every config, with wall-clock times that mean nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ def _slot_not_kernel(pool, slots, SLOT: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(p, ~tl.load(p, mask=offs < SLOT), mask=offs < SLOT)
 
 
-def slot_copy(pool: torch.Tensor, slots: torch.Tensor):
+def slot_copy(pool: torch.Tensor, slots: torch.Tensor) -> Callable[[], object]:
     """A launch reading and writing each of ``slots`` (distinct, >= 0) of ``pool`` once, in place: the pool
     traffic of a decode step on those slots, without its math. Each call flips the slots' bits."""
     bits = pool.view({2: torch.int16, 4: torch.int32}[pool.element_size()])
