@@ -45,7 +45,10 @@ from gdnbench.timing import copy_moving, measure_interleaved
 from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timing, tool_parser
 
 
-SLOT_COPY_BLOCK = 2048  # elements per program: the fastest of 2048-16384 for a scattered bf16 pool on an H100
+# Bytes per program of the slot copy: 4 KB (2048 bf16 or 1024 fp32 elements) with 4 warps was within 1% of the
+# fastest of 512-8192 elements and 2-8 warps for both dtypes, contiguous and scattered slots, on an H100 and an
+# H200; 8 KB of fp32 ran 5% slower on the H200 (BENCHMARKS.md, twenty-sixth session).
+SLOT_COPY_BYTES = 4096
 
 
 @triton.jit
@@ -62,9 +65,9 @@ def slot_copy(pool: torch.Tensor, slots: torch.Tensor) -> Callable[[], object]:
     """A launch reading and writing each of ``slots`` (distinct, >= 0) of ``pool`` once, in place: the pool
     traffic of a decode step on those slots, without its math. Each call flips the slots' bits."""
     bits = pool.view({2: torch.int16, 4: torch.int32}[pool.element_size()])
-    slot = bits[0].numel()
-    grid = (slots.numel() * triton.cdiv(slot, SLOT_COPY_BLOCK),)
-    return lambda: _slot_not_kernel[grid](bits, slots, SLOT=slot, BLOCK=SLOT_COPY_BLOCK, num_warps=4)
+    slot, block = bits[0].numel(), SLOT_COPY_BYTES // pool.element_size()
+    grid = (slots.numel() * triton.cdiv(slot, block),)
+    return lambda: _slot_not_kernel[grid](bits, slots, SLOT=slot, BLOCK=block, num_warps=4)
 
 
 def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device,
