@@ -1,9 +1,9 @@
 """The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
 
   configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve, no
-               block width; ``state``: the state pass with the output fused in; ``walk``: the state
-               pass without it, as one long sequence and the pipeline run it) alone, and time the
-               whole calls interleaved;
+               block width; ``state``: the Triton state pass with the output fused in, over warm-up
+               segments where the default rule takes them; ``walk``: the state pass without it, as one
+               long sequence and the pipeline run it) alone, and time the whole calls interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
   segments     time triton.chunk_fused (its default rules, then its sequential walk) against its
@@ -66,9 +66,13 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
         runs = []
+        # the state pass runs where the backend runs it: over warm-up segments where the default rule takes them
+        layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, device)
+        segments = chunk_fused.warm_up_default(layout, case.HV, case.V, device) if kernel_name == "state" else None
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
-                prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk)
+                prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
+                                    warm_up=segments is not None)
 
             def call(cfg=cfg, prepared=prepared) -> None:
                 with swapped(kernel, configs=cfg, cache={}):
