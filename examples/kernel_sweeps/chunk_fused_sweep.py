@@ -66,9 +66,10 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
         runs = []
-        # the state pass runs where the backend runs it: over warm-up segments where the default rule takes them
-        layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, device)
-        segments = chunk_fused.warm_up_default(layout, case.HV, case.V, device) if kernel_name == "state" else None
+        segments = None
+        if kernel_name == "state":  # where the backend runs it: over warm-up segments where the default rule takes them
+            layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, device)
+            segments = chunk_fused.warm_up_default(layout, case.HV, case.V, device)
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
                 prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
