@@ -635,9 +635,11 @@ def test_the_fused_walk_at_v128_is_offered_bv64_only():
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
-    widths = {V: {c.kwargs["BV"] for c in chunk._state_prune(chunk_fused.STATE_CONFIGS,
-                                                               {"BK": chunk._tile_width(V), "V": V, "FUSE_OUTPUT": True})}
-              for V in (64, 128)}
+    def offered(V: int) -> set[int]:
+        args = {"BK": chunk._tile_width(V), "V": V, "FUSE_OUTPUT": True}
+        return {c.kwargs["BV"] for c in chunk._state_prune(chunk_fused.STATE_CONFIGS, args)}
+
+    widths = {V: offered(V) for V in (64, 128)}
     assert widths == {64: {32, 64}, 128: {64}}
     plain = chunk._state_prune(chunk_fused.STATE_CONFIGS, {"BK": 128, "V": 128, "FUSE_OUTPUT": False})
     assert {c.kwargs["BV"] for c in plain} == {32, 64}
