@@ -69,6 +69,13 @@ the slot's and the state's instead of waiting for them. On an H100 (decode suite
 against the plain loop that one token used to keep) that made decode 1-10% faster, most with bf16
 pools, and left T = 4 unchanged.
 
+With one token per sequence (``GATES_AHEAD``, set by the launcher), that token's inputs are loaded and its
+gates computed before the pool slot is read, so the decay is ready when the state tile arrives. On an H200
+(revision_ab against f847c21, each side tuned on its own, one-token rows) that made bf16 pools with raw gating
+at B=64 2.0% (HV=32) and 4.3% (HV=16, same config) faster and left the other one-token rows within 1%; the
+same placement with several tokens per sequence ran 2.5-4.5% slower (T=2, B=256, bf16 pool), so there the
+gates stay in the token loop.
+
 Register pressure note: the state tile's pointers and masks are rebuilt for the final store rather
 than kept live across the token loop (ptxas, sm_90, K = V = 128, BV 32, 4 warps: 96 registers instead
 of 168).
@@ -210,6 +217,16 @@ def _reciprocal(x):
 
 
 @triton.jit
+def _gates(x, y, neg_A, dt, RAW_GATE: tl.constexpr):
+    """A token's decay exp(g) and beta from its two gate inputs: raw a, b (g = -exp(A_log) * softplus(a +
+    dt_bias), beta = sigmoid(b); neg_A = -exp(A_log) and dt = dt_bias of the head) or g and beta."""
+    if RAW_GATE:
+        return tl.exp(neg_A * _softplus(x + dt)), _sigmoid(y)
+    else:
+        return tl.exp(x), y
+
+
+@triton.jit
 def _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, n_k, n_v, has):
     """One token's q, k [BK], v [BV] and two gate inputs, fp32; only the first n_k / n_v entries of
     q, k / v and, if ``has``, the gate inputs are read (the rest are 0)."""
@@ -231,7 +248,7 @@ def _recurrent_gdn_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
     PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
-    BV: tl.constexpr, ITEMS: tl.constexpr, KS: tl.constexpr,
+    GATES_AHEAD: tl.constexpr, BV: tl.constexpr, ITEMS: tl.constexpr, KS: tl.constexpr,
 ):
     # ITEMS work items (sequence and value head, V-block) per program, one after the other, V-blocks of
     # a head next to each other: a program's stores drain while its next item loads and computes
@@ -241,7 +258,34 @@ def _recurrent_gdn_kernel(
         if item < NH * NV:
             _recurrent_item(item // NV, item % NV, q, k, v, g, beta, a, b, A_log, dt_bias, o, h0, ht, pool, slot_idx,
                             accepted, cu_seqlens, scale, T, H, HV, K, V, BK, IS_VARLEN, USE_H0, STORE_HT, IS_POOL,
-                            PER_TOKEN, V_FIRST, RAW_GATE, L2NORM, BV, KS)
+                            PER_TOKEN, V_FIRST, RAW_GATE, L2NORM, GATES_AHEAD, BV, KS)
+
+
+@triton.jit
+def _first_token(q, k, v, g, beta, a, b, A_log, dt_bias, o, bos, n_tok, i_h, i_hk, offs_k, offs_v,
+                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, RAW_GATE: tl.constexpr):
+    """A work item's pointers to its first token's q, k, v, output and two gate inputs (raw a, b, gated in
+    the kernel, or g, beta), the head's gate constants -exp(A_log) and dt_bias, and the first token's
+    inputs, loaded whether or not its slot is live (so that the loads need not wait for the slot's); none
+    for an empty sequence, whose bos may be the end of the buffers."""
+    p_q = q + (bos * H + i_hk) * K + offs_k
+    p_k = k + (bos * H + i_hk) * K + offs_k
+    p_v = v + (bos * HV + i_h) * V + offs_v
+    p_o = o + (bos * HV + i_h) * V + offs_v
+    if RAW_GATE:
+        p_x = a + bos * HV + i_h
+        p_y = b + bos * HV + i_h
+        neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
+        dt = tl.load(dt_bias + i_h).to(tl.float32)
+    else:
+        p_x = g + bos * HV + i_h
+        p_y = beta + bos * HV + i_h
+        neg_A = 0.0  # (unused by _gates)
+        dt = 0.0
+    has = n_tok > 0
+    x_q, x_k, x_v, x_x, x_y = _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, tl.where(has, K, 0),
+                                            tl.where(has, V, 0), has)
+    return p_q, p_k, p_v, p_o, p_x, p_y, neg_A, dt, x_q, x_k, x_v, x_x, x_y
 
 
 @triton.jit
@@ -250,7 +294,7 @@ def _recurrent_item(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, IS_POOL: tl.constexpr,
     PER_TOKEN: tl.constexpr, V_FIRST: tl.constexpr, RAW_GATE: tl.constexpr, L2NORM: tl.constexpr,
-    BV: tl.constexpr, KS: tl.constexpr,
+    GATES_AHEAD: tl.constexpr, BV: tl.constexpr, KS: tl.constexpr,
 ):
     """One work item: sequence and value head i_nh, V-block i_v, all of the sequence's tokens."""
     i_n = i_nh // HV
@@ -272,6 +316,10 @@ def _recurrent_item(
     mask_kv = (keys < K) & mask_v[:, None, None]
     offs_kv = _state_offsets(keys, offs_v, K, V, V_FIRST)
 
+    if GATES_AHEAD:  # one token per sequence: its inputs and gates ahead of the slot's load (see GATES_AHEAD)
+        p_q, p_k, p_v, p_o, p_x, p_y, b_neg_A, b_dt, n_q, n_k, n_v, n_x, n_y = _first_token(
+            q, k, v, g, beta, a, b, A_log, dt_bias, o, bos, n_tok, i_h, i_hk, offs_k, offs_v, H, HV, K, V, RAW_GATE)
+        b_decay, b_beta = _gates(n_x, n_y, b_neg_A, b_dt, RAW_GATE)
     b_h = tl.zeros([BV, BK // KS, KS], dtype=tl.float32)
     n_live = n_tok
     if IS_POOL:
@@ -292,25 +340,9 @@ def _recurrent_item(
     elif USE_H0:
         b_h = tl.load(h0 + (i_n.to(tl.int64) * HV + i_h) * (K * V) + offs_kv, mask=mask_kv, other=0.0).to(tl.float32)
 
-    p_q = q + (bos * H + i_hk) * K + offs_k
-    p_k = k + (bos * H + i_hk) * K + offs_k
-    p_v = v + (bos * HV + i_h) * V + offs_v
-    p_o = o + (bos * HV + i_h) * V + offs_v
-    # the two gate inputs of a token: raw a, b (gated here) or g, beta
-    if RAW_GATE:
-        p_x = a + bos * HV + i_h
-        p_y = b + bos * HV + i_h
-        b_neg_A = -tl.exp(tl.load(A_log + i_h).to(tl.float32))
-        b_dt = tl.load(dt_bias + i_h).to(tl.float32)
-    else:
-        p_x = g + bos * HV + i_h
-        p_y = beta + bos * HV + i_h
-
-    # token 0's inputs, whether or not the slot is live (so that these loads need not wait for the slot's);
-    # none for an empty sequence: its bos may be the end of the buffers
-    has = n_tok > 0
-    n_q, n_k, n_v, n_x, n_y = _token_inputs(p_q, p_k, p_v, p_x, p_y, offs_k, offs_v, tl.where(has, K, 0),
-                                            tl.where(has, V, 0), has)
+    if not GATES_AHEAD:
+        p_q, p_k, p_v, p_o, p_x, p_y, b_neg_A, b_dt, n_q, n_k, n_v, n_x, n_y = _first_token(
+            q, k, v, g, beta, a, b, A_log, dt_bias, o, bos, n_tok, i_h, i_hk, offs_k, offs_v, H, HV, K, V, RAW_GATE)
     for i in range(0, n_live):
         # token i + 1's loads are issued before token i's math and stores (a load after a store to o
         # cannot be moved above it): one load latency per sequence instead of one per token.
@@ -323,14 +355,13 @@ def _recurrent_item(
             b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + _EPS)
             b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + _EPS)
         b_q = b_q * scale
-        if RAW_GATE:
-            b_g = b_neg_A * _softplus(b_x + b_dt)
-            b_beta = _sigmoid(b_y)
+        if GATES_AHEAD:
+            if i > 0:
+                b_decay, b_beta = _gates(b_x, b_y, b_neg_A, b_dt, RAW_GATE)
         else:
-            b_g = b_x
-            b_beta = b_y
+            b_decay, b_beta = _gates(b_x, b_y, b_neg_A, b_dt, RAW_GATE)
         b_k = _as_keys(b_k, BK, KS)
-        b_h = b_h * tl.exp(b_g)                                   # decay
+        b_h = b_h * b_decay                                       # decay
         b_u = b_beta * (b_v - _kdot(b_h, b_k))                    # delta: what the memory misses for k
         b_h = b_h + b_k * b_u[:, None, None]                      # rank-1 write
         b_o = _kdot(b_h, _as_keys(b_q, BK, KS))                   # read-out
@@ -545,7 +576,8 @@ def recurrent_gdn(
     ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
 
     BK = triton.next_power_of_2(K)
-    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, _per_sequence(B * T, N), per_token)
+    per_seq = _per_sequence(B * T, N)
+    KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, per_seq, per_token)
     key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
     if per_token:
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
@@ -557,7 +589,7 @@ def recurrent_gdn(
             scale, T, N * HV,
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
             STORE_HT=ht is not None, IS_POOL=is_pool, PER_TOKEN=per_token, V_FIRST=v_first, RAW_GATE=raw,
-            L2NORM=qk_l2norm, KS=KS, **cfg.kwargs, num_warps=cfg.num_warps,
+            L2NORM=qk_l2norm, GATES_AHEAD=per_seq <= 1, KS=KS, **cfg.kwargs, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
         )
 

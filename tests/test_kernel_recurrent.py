@@ -90,6 +90,9 @@ KERNEL_CASES = [
     make("decode-raw-bf16-pool-fp16", B=3, T=1, H=1, HV=2, raw=True, dtype="fp16", l2=True, pool=6,
          slots=[1, -1, 4], pool_dtype="bf16"),
     make("decode-varlen-pool", H=1, HV=2, seqs=[2, 1, 3], pool=9, slots=[8, -1, 3]),
+    # a token per sequence on average (the launch computes token 0's gates ahead of the loop), yet one of two
+    make("decode-varlen-pool-gates-ahead", H=1, HV=2, seqs=[2, 0, 1], pool=6, slots=[3, 1, -1], raw=True),
+    make("prefill-T1-raw-h0", T=1, raw=True, h0=True),
     make("prefill-vfirst-K60-V64-varlen", H=1, HV=2, K=60, V=64, seqs=[3, 4], h0=True, l2=True, v_first=True),
     make("decode-vfirst-bf16-pool-K64-V60-raw", B=3, T=1, H=1, HV=2, K=64, V=60, raw=True, dtype="fp16", pool=6,
          slots=[5, -1, 1], pool_dtype="bf16", v_first=True),
@@ -454,8 +457,9 @@ def test_launcher_rejects_bad_arguments(bad, needle):
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("K, V, BV, warps, mode", [
-    (128, 128, 32, 4, {"pool": "fp32"}),
-    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16"}),
+    (128, 128, 32, 4, {"pool": "fp32", "one_token": True}),
+    (128, 128, 8, 1, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16", "one_token": True}),
+    (128, 128, 16, 2, {"pool": "bf16", "raw": True, "l2": True, "dt": "bf16", "v_first": True}),
     (60, 100, 16, 2, {"varlen": True, "h0": True, "ht": True, "l2": True, "dt": "fp16"}),
     (256, 256, 32, 8, {"ht": True}),
     (128, 128, 32, 4, {"pool": "bf16", "per_token": True, "raw": True, "dt": "bf16", "v_first": True}),
@@ -476,8 +480,9 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
                  USE_H0=bool(mode.get("h0")), STORE_HT=bool(mode.get("ht")), IS_POOL=pool is not None,
                  PER_TOKEN=bool(mode.get("per_token")), V_FIRST=bool(mode.get("v_first")),
                  RAW_GATE=bool(mode.get("raw")), L2NORM=bool(mode.get("l2")),
-                 BV=BV, ITEMS=mode.get("items", 1))
-    const["KS"] = kern.key_runs(const["BK"], 2 if pool in ("bf16", "fp16") else 4, const["V_FIRST"], 2)
+                 GATES_AHEAD=bool(mode.get("one_token")), BV=BV, ITEMS=mode.get("items", 1))
+    const["KS"] = kern.key_runs(const["BK"], 2 if pool in ("bf16", "fp16") else 4, const["V_FIRST"],
+                                1 if const["GATES_AHEAD"] else 2)
     unused = (["g", "beta"] if const["RAW_GATE"] else ["a", "b", "A_log", "dt_bias"]) + \
         ([] if pool else ["pool", "slot_idx"]) + ([] if const["PER_TOKEN"] else ["accepted"]) + \
         ([] if const["USE_H0"] else ["h0"]) + \
