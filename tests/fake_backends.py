@@ -3,6 +3,8 @@
 Suites in the tests name them as ``tests.fake_backends:NAME``.
 """
 
+import os
+import signal
 import time
 from dataclasses import replace
 
@@ -78,16 +80,19 @@ def clobber(p):
 class Interrupt:
     """Raises KeyboardInterrupt from the second problem it is given (a user's Ctrl-C mid-run); with
     ``chained``, a RuntimeError raised while handling it, as a CUDA graph capture that a Ctrl-C broke
-    does on its way out."""
+    does on its way out; with ``terminate``, sends its own process SIGTERM instead (``timeout``'s stop)."""
 
     calls = 0
     chained = False
+    terminate = False
 
 
 @backend("fake.interrupt", **ANY)
 def interrupt(p):
     Interrupt.calls += 1
-    if Interrupt.calls >= 2:
+    if Interrupt.calls >= 2 and Interrupt.terminate:
+        os.kill(os.getpid(), signal.SIGTERM)
+    elif Interrupt.calls >= 2:
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt:

@@ -1,6 +1,7 @@
 """The CLI end to end through Typer's CliRunner: exit codes, files, failure rows, dumps, show, list."""
 
 import json
+import signal
 
 import pandas as pd
 import pytest
@@ -139,6 +140,26 @@ def test_interrupt_keeps_finished_cases(tmp_path, monkeypatch, chained):
     assert res.exit_code == 130
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(df) == 1 and df["status"].iloc[0] == "PASS"
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
+
+
+def test_sigterm_stops_the_run_as_ctrl_c_does(tmp_path, monkeypatch):
+    """SIGTERM (``timeout``'s, a CI runner's) mid-run: exit 130, run.json "interrupted", the finished case
+    saved; and the handler before the run is back afterwards."""
+    Interrupt.calls = 0
+    monkeypatch.setattr(Interrupt, "terminate", True)
+
+    def unhandled(signum, frame):  # without the run's own handler, the test fails here instead of dying
+        pytest.fail("SIGTERM reached the handler outside the run")
+
+    before = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        res = run(write_suite(tmp_path, ["tests.fake_backends:interrupt"]), "--out", tmp_path / "out")
+        assert signal.getsignal(signal.SIGTERM) is unhandled
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert res.exit_code == 130
+    assert len(pd.read_csv(tmp_path / "out" / "results.csv")) == 1
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
 
 

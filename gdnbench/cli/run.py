@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
+from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
 from gdnbench.results import RunDir, RunFilesError, load_run
 from gdnbench.runner import RunOptions, run_case
@@ -72,7 +73,7 @@ def run(
     """Run SUITE: every case on every backend, checked against the reference, then timed.
 
     Exit code: 0 all checked rows pass, 1 a row FAILs (or with --strict errors), 2 bad input,
-    130 interrupted (rows measured so far are saved; --resume goes on from them).
+    130 interrupted by Ctrl-C or SIGTERM (rows measured so far are saved; --resume goes on from them).
     """
     sel = select(suite_spec, backends, filter_)
     suite, names, chosen, cases = sel.suite, sel.names, sel.backends, sel.cases
@@ -133,7 +134,7 @@ def run(
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
     task = progress.add_task("starting", total=len(todo) * len(chosen))
     try:
-        with progress:
+        with sigterm_as_interrupt(), progress:
             for case in todo:
                 def step(desc: str) -> None:
                     progress.update(task, description=desc[:90])
