@@ -73,7 +73,7 @@ With one token per sequence (``GATES_AHEAD``, set by the launcher), that token's
 gates computed before the pool slot is read, so the decay is ready when the state tile arrives. On an H200
 (revision_ab against f847c21, each side tuned on its own, one-token rows) that made bf16 pools with raw gating
 at B=64 2.0% (HV=32) and 4.3% (HV=16, same config) faster and left the other one-token rows within 1%; the
-same placement with several tokens per sequence ran 2.5-4.5% slower (T=2, B=256, bf16 pool), so there the
+same placement with several tokens per sequence ran 2.7-4.8% slower (T=2, B=256, bf16 pool), so there the
 gates stay in the token loop.
 
 Register pressure note: the state tile's pointers and masks are rebuilt for the final store rather

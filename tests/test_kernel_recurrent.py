@@ -90,7 +90,8 @@ KERNEL_CASES = [
     make("decode-raw-bf16-pool-fp16", B=3, T=1, H=1, HV=2, raw=True, dtype="fp16", l2=True, pool=6,
          slots=[1, -1, 4], pool_dtype="bf16"),
     make("decode-varlen-pool", H=1, HV=2, seqs=[2, 1, 3], pool=9, slots=[8, -1, 3]),
-    # a token per sequence on average (the launch computes token 0's gates ahead of the loop), yet one of two
+    # a token per sequence on average (the launch computes token 0's gates ahead of the loop), yet a sequence
+    # of two tokens among them
     make("decode-varlen-pool-gates-ahead", H=1, HV=2, seqs=[2, 0, 1], pool=6, slots=[3, 1, -1], raw=True),
     make("prefill-T1-raw-h0", T=1, raw=True, h0=True),
     make("prefill-vfirst-K60-V64-varlen", H=1, HV=2, K=60, V=64, seqs=[3, 4], h0=True, l2=True, v_first=True),
