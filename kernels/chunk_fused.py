@@ -103,10 +103,11 @@ FUSE_OUTPUT_MAX_IMBALANCE = 1.25  # longest sequence / mean length, or:
 FUSE_OUTPUT_MAX_UNEQUAL_LEN = 512  # tokens of the longest sequence
 
 # The state pass with the output fused in (fuse_output; without it, chunk's state pass runs). Each of
-# these won somewhere when every config was forced on an H100 (whole call, graph timer, us): B=64 T=64
-# D=128: 81.3 at (64, 4, 1), 89.6 at (32, 4, 2); B=8 T=512 D=128: 70.0 at (64, 8, 3), 74.8 at
-# (64, 4, 2). BV 16 (4 warps) and (32, 8, 2), dropped, were 1.1-1.5x slower everywhere; so were 2 warps;
-# and BV 128 (one program a walk, Q K^T once per chunk instead of once per V-block: 8 warps 1.5-2.6x
+# these won somewhere when every config was forced on an H100 (whole call, graph timer, us), when they were
+# chosen: B=64 T=64 D=128: 81.3 at (64, 4, 1), 89.6 at (32, 4, 2); B=8 T=512 D=128: 70.0 at (64, 8, 3), 74.8
+# at (64, 4, 2). At V = 128, (64, 4, 2) has since won every case, and it is the only one offered there
+# (chunk.FUSED_WALK_V128). BV 16 (4 warps) and (32, 8, 2), dropped, were 1.1-1.5x slower everywhere; so
+# were 2 warps; and BV 128 (one program a walk, Q K^T once per chunk instead of once per V-block: 8 warps 1.5-2.6x
 # slower on qwen3-next B=4 T=8192 and parity's D = 128 rows, 16 warps 4-9x).
 STATE_CANDIDATES = [(32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 8, 3)]
 STATE_CONFIGS = _configs(STATE_CANDIDATES)
@@ -120,9 +121,20 @@ _state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTP
 # qwen3-next B=1 T=16384 / B=4 T=8192, parity B=16 T=512 D=64 / varlen N=32 T=8192 D=64 / N=32 T=4096
 # D=128: (4, 1) 712.6 / 816.1 / 56.5 / 50.6 / 52.1, (4, 1, 96) 713.5 / 820.0 / 57.1 / 48.5 / 52.5; dropped:
 # 8 warps (2 programs) 810.4 / 1005.0 / 68.4 / 57.5 / 57.4, 2 warps (the dots without wgmma) 728.0 / 841.8 /
-# 59.3 / 53.6 / 53.5.
+# 59.3 / 53.6 / 53.5. With a 128-wide key tile the cap is not offered (_prep_prune).
 PREP_CANDIDATES = [(4, 1), (4, 1, 96)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES, block=False)
+
+
+def _prep_prune(configs, named_args, **kwargs):
+    """No register cap with a 128-wide key tile. Both forced on every parity D = 128 row (an H100 and an
+    H200) and on qwen3-next B=4 T=8192 and B=1 T=16384 (the H200; whole calls, BENCHMARKS.md, twenty-ninth
+    session), the cap ran level to 3.5% slower on every row but varlen N=64 T=6656 (0.4% and 1.4% faster);
+    picked on the first case of its autotune key, it ran the key's other cases up to 1.5 us slower. At
+    D = 64 it stays: there it won varlen N=32 T=8192 by 4% (H100)."""
+    if {**named_args, **kwargs}["BK"] >= 128:
+        return [c for c in configs if c.maxnreg is None]
+    return configs
 
 # The output pass over pairs of chunks (output_span 2): the state pass stores every other chunk's entering
 # state, halving h's bytes (K x V per chunk and head, as much as q, k, v and o of the chunk together at
@@ -139,7 +151,7 @@ _output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES)
                                        prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
 
 
-@triton.autotune(configs=PREP_CONFIGS, key=["K", "chunk_tier"])
+@triton.autotune(configs=PREP_CONFIGS, key=["K", "chunk_tier"], prune_configs_by={"early_config_prune": _prep_prune})
 @triton.jit
 def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier,
                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
