@@ -402,9 +402,11 @@ def _state_prune(configs, named_args, **kwargs):
 # Every candidate forced on every parity D = 128 row (whole calls, default path; BENCHMARKS.md, twenty-seventh
 # and twenty-ninth sessions), on an H200 and on an H100, and on qwen3-next B=4 T=8192 (H100): this one was the
 # fastest on each; (64, 8, 3) was 9-58% slower, (64, 4, 1) 5-33%, BV 32 1-37%. Offered the others, the
-# autotuner picked one now and then on the first case of a key (by noise or by its own timing, which is not
-# the whole call's), and the key's other cases ran it: H200 varlen N=32 T=4096 at BV 32, 44.9 us against 37.1;
-# H100 B=4 T=1024 at (64, 8, 3), 37.4 against 33.4, and varlen N=32 T=4096 after it, 55.8 against 38.9.
+# autotuner picked one now and then on the first case of a key, and the key's other cases ran it: H200
+# varlen N=32 T=4096 at BV 32, 44.9 us against 37.1; H100 B=4 T=1024 at (64, 8, 3), 37.4 against 33.4, and
+# varlen N=32 T=4096 after it, 55.8 against 38.9. Rerun alone, Triton's timing ranked that row's configs as
+# the whole calls do ((64, 8, 3) 14% behind): a fluke of the moment of one run, which a tuner timing the
+# candidates one after another, not interleaved, cannot rule out.
 # At V = 64 the candidates stay: BV 32 wins the small cases there by 4-8%.
 FUSED_WALK_V128 = (64, 4, 2)
 
