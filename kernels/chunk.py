@@ -61,24 +61,26 @@ Hopper (sm_90) design choices and what they should buy:
     at 425 us for T = 16384, HV = 32); the rest of the inverse is four 64 x 64 tensor-core dots.
     Fusing K K^T into it saves A's fp32 round trip (256 bytes per token and head, written and read).
   * the state pass (d) is the only sequential part: its parallelism is N * HV * V / BV programs, so
-    BV is autotuned with a parallelism tier in the key (``state_tier``): 32 or 64, and 16 for a few
+    BV is tuned with a parallelism tier in the key (``state_tier``): 32 or 64, and 16 for a few
     long sequences (B = 1, HV = 32, V = 128: 256 programs on 132 SMs instead of 128 or 64); 4 warps,
     2 or 3 stages: the pipeliner prefetches the next chunk's W, U, k and gc by async copies into
     shared memory (82 KB at BV 32, 2 stages) while the current dots run. Measured on an H100 at
     B=1 T=16384 HV=32: these 4-warp 32/64 candidates gave 314 us, while a list of BV 16 (2 stages),
     32 (2 stages, 4 or 8 warps) and 64 (8 warps, 3 stages) gave 450 us (64 w8 s3 picked): narrow
     blocks at 2 stages lose there, so BV 16 is offered with 3 stages only, next to the others.
-  * the output pass (e) autotunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
+  * the output pass (e) tunes BV in {64, 128} (fewer programs re-reading q, k vs more parallelism).
 Register pressure (ptxas for sm_90, bf16, K = V = 128, pointers 16-byte aligned as the JIT specializes
 them, see tests/sm90.py; without that every tile load is scalar and the counts nearly double): (b)
 136 registers at 4 warps, no spills, three programs per SM; (c) 64 at 8 warps (126 at 4); the state
 pass at 4 warps, 2 stages: 73 / 114 / 184 at BV 16 / 32 / 64, no spills (``FROM_AI``: 128 at BV 32);
 with the output fused in (and ``FROM_AI``) 234 at BV 16, 4 warps, and a few spilled bytes at 8 warps
-(the autotuner weighs that against the saved launch); the output pass 141 at BV 64, 4 warps (215 over
+(the tuner weighs that against the saved launch); the output pass 141 at BV 64, 4 warps (215 over
 pairs of chunks, 166 at BV 32).
-Autotuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, ``chunk_tier``:
-a config tuned on a tiny case must not carry over to large ones) and triton's dtype key, at most five
-candidates each (after the tier cut); the other kernels have one fixed launch config. Under the
+Tuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, ``chunk_tier``:
+a config tuned on a tiny case must not carry over to large ones) and the arguments' dtypes, at most five
+candidates each (after the tier cut), timed side by side in CUDA graphs (``tuning.TunedKernel``, as for
+the decode kernel: Triton's autotuner, which times them one after another, picked flukes); the other
+kernels have one fixed launch config. Under the
 Triton interpreter there is one config per kernel and no tuning; bf16 dots are computed from fp32
 copies there (the interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even
 (``recurrent._cast``).
@@ -96,6 +98,7 @@ from torch import Tensor
 
 from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
+from .tuning import TunedKernel
 
 __all__ = ["chunk_gdn", "ChunkLayout", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe",
            "chunk_tier", "state_tier"]
@@ -401,8 +404,8 @@ def _state_prune(configs, named_args, **kwargs):
 # The walk with the output fused in at V = 128 has one config (BV, warps, stages), so nothing is tuned there.
 # Every candidate forced on every parity D = 128 row (whole calls, default path; BENCHMARKS.md, twenty-seventh
 # and twenty-ninth sessions), on an H200 and on an H100, and on qwen3-next B=4 T=8192 (H100): this one was the
-# fastest on each; (64, 8, 3) was 9-58% slower, (64, 4, 1) 5-33%, BV 32 1-37%. Offered the others, the
-# autotuner picked one now and then on the first case of a key, and the key's other cases ran it: H200
+# fastest on each; (64, 8, 3) was 9-58% slower, (64, 4, 1) 5-33%, BV 32 1-37%. Offered the others, Triton's
+# autotuner (then this kernel's tuner) picked one now and then on the first case of a key, and the key's other cases ran it: H200
 # varlen N=32 T=4096 at BV 32, 44.9 us against 37.1; H100 B=4 T=1024 at (64, 8, 3), 37.4 against 33.4, and
 # varlen N=32 T=4096 after it, 55.8 against 38.9. Rerun alone, Triton's timing ranked that row's configs as
 # the whole calls do ((64, 8, 3) 14% behind): a fluke of the moment of one run, which a tuner timing the
@@ -453,7 +456,7 @@ def _settings(c: triton.Config) -> tuple:
 def _configs(candidates: list[tuple[int, ...]], block: bool = True) -> list[triton.Config]:
     """(BV, num_warps, num_stages[, maxnreg]) candidates on a GPU (maxnreg: ptxas's register cap per
     thread, more programs per SM for some spills), without BV for a kernel with no block width (not
-    ``block``); one config (BV 32, 4 warps) in the interpreter, where autotune skips benchmarking and
+    ``block``); one config (BV 32, 4 warps) in the interpreter, where nothing is tuned and
     BV 32 still splits V = 60 / 64 into two blocks."""
     if _INTERPRET_ENV:
         return [triton.Config({"BV": 32} if block else {}, num_warps=4, num_stages=1)]
@@ -486,7 +489,7 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
                     BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
                     SEGMENT: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
                     IEEE: tl.constexpr, BV: tl.constexpr):
-    # state_tier: only a key of the autotuner. h_offsets: each sequence's first h entry (its first chunk,
+    # state_tier: only a key of the tuner. h_offsets: each sequence's first h entry (its first chunk,
     # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored).
     # SEGMENT (the chunk-parallel pass, see SegmentLayout; each "sequence" is then a segment): 0 the plain
     # pass; 1 from a zero state, only the final state (ht); 2 the transition M (ht, V = K): the state from
@@ -575,9 +578,9 @@ def _chunk_state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_of
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, ht_rows, V, cols_v, V, b_h)
 
 
-_chunk_state_kernel = triton.autotune(configs=STATE_CONFIGS,
-                                      key=["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "FROM_AI", "state_tier"],
-                                      prune_configs_by={"early_config_prune": _state_prune_by_tier})(_chunk_state_fn)
+_chunk_state_kernel = TunedKernel(_chunk_state_fn, STATE_CONFIGS,
+                                  ["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "FROM_AI", "state_tier"],
+                                  _state_prune_by_tier)
 
 
 @triton.jit
@@ -621,8 +624,7 @@ def _chunk_output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, ch
         carry_j += tl.load(gc + (bos + last) * HV + i_h, mask=last < n_tok, other=0.0)
 
 
-_chunk_output_kernel = triton.autotune(configs=OUTPUT_CONFIGS, key=["K", "V", "SPAN", "chunk_tier"],
-                                       prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
+_chunk_output_kernel = TunedKernel(_chunk_output_fn, OUTPUT_CONFIGS, ["K", "V", "SPAN", "chunk_tier"], _bv_prune)
 
 
 SCAN_BV = 32  # V columns per program of the segment scan; 8 warps hold its [K, K] fp32 transition
@@ -961,7 +963,7 @@ def _output_pass(x: _Args, output_kernel, over: ChunkLayout, h: Tensor | None = 
 def _state_and_output(x: _Args, state_kernel, *, fuse_output: bool, output_final_state: bool,
                       segments: SegmentLayout | None = None, output_kernel=None) -> None:
     """(d), and (e) unless the output is fused into (d); with ``segments``, (d) chunk-parallel
-    (SegmentLayout: d1-d4, or one warm-up pass). state_kernel: an autotuned _chunk_state_fn; output_kernel: an autotuned
+    (SegmentLayout: d1-d4, or one warm-up pass). state_kernel: a TunedKernel of _chunk_state_fn; output_kernel: one of
     _chunk_output_fn (default: ``_chunk_output_kernel``), run on blocks of x.span chunks."""
     lay, ws = x.lay, x.ws
     final = ws.final_state if output_final_state else None
@@ -1037,7 +1039,7 @@ def config_label(cfg: triton.Config) -> str:
 
 
 def _config_str(kernel) -> str:
-    """The config an autotuned kernel ran last (the only one under the interpreter)."""
+    """The config a TunedKernel ran last (the only one under the interpreter)."""
     cfg = getattr(kernel, "best_config", None) or (kernel.configs[0] if len(kernel.configs) == 1 else None)
     return "not tuned yet" if cfg is None else config_label(cfg)
 

@@ -10,7 +10,7 @@ Two or three launches instead of five, and W and U never stored:
      (input dtype, [64, 64] per chunk and head). This is ``chunk``'s stages (a) and (b) in one program.
   2. ``chunk``'s state pass with ``FROM_AI``: each chunk's writes come from Ai and the inputs as
      v_new = Ai (V - exp(gc) o (K S)) (= U - W S, since W = Ai diag(exp(gc)) K and U = Ai V), instead of
-     ``chunk``'s stage (c) storing W and U for the pass to read. Same autotuned kernel and candidates
+     ``chunk``'s stage (c) storing W and U for the pass to read. Same tuned kernel and candidates
      (a list of its own, BV 16 and 8 warps among them, made this pass 450 us at B=1 T=16384 HV=32 on an
      H100 against ``chunk``'s 314 us).
   3. ``chunk``'s output pass, over pairs of chunks for large problems at K >= 128 (``output_span``,
@@ -69,6 +69,7 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _b
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
 from . import chunk_walk_sm90
+from .tuning import TunedKernel
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
@@ -111,8 +112,7 @@ FUSE_OUTPUT_MAX_UNEQUAL_LEN = 512  # tokens of the longest sequence
 # slower on qwen3-next B=4 T=8192 and parity's D = 128 rows, 16 warps 4-9x).
 STATE_CANDIDATES = [(32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 8, 3)]
 STATE_CONFIGS = _configs(STATE_CANDIDATES)
-_state_kernel = triton.autotune(configs=STATE_CONFIGS, key=["K", "V", "FUSE_OUTPUT", "state_tier"],
-                                prune_configs_by={"early_config_prune": _state_prune})(_chunk_state_fn)
+_state_kernel = TunedKernel(_chunk_state_fn, STATE_CONFIGS, ["K", "V", "FUSE_OUTPUT", "state_tier"], _state_prune)
 
 
 # (warps, stages[, register cap]); the prep kernel has no block width. Its inverse is latency bound, so
@@ -130,7 +130,7 @@ def _prep_prune(configs, named_args, **kwargs):
     """No register cap with a 128-wide key tile. Both forced on every parity D = 128 row (an H100 and an
     H200) and on qwen3-next B=4 T=8192 and B=1 T=16384 (the H200; whole calls, BENCHMARKS.md, twenty-ninth
     session), the cap ran level to 3.5% slower on every row but varlen N=64 T=6656 (0.4% and 1.4% faster);
-    picked on the first case of its autotune key, it ran the key's other cases up to 1.5 us slower. At
+    picked on the first case of its (Triton) autotune key, it ran the key's other cases up to 1.5 us slower. At
     D = 64 it stays: there it won varlen N=32 T=8192 by 4% (H100)."""
     if {**named_args, **kwargs}["BK"] >= 128:
         return [c for c in configs if c.maxnreg is None]
@@ -146,16 +146,14 @@ def _prep_prune(configs, named_args, **kwargs):
 OUTPUT_SPAN2_MIN_CHUNK_HEADS = 2048  # NT * HV
 OUTPUT_SPAN2_MIN_K = 128
 OUTPUT_SPAN2_CANDIDATES = [(64, 4, 1), (32, 4, 1), (128, 4, 1), (64, 8, 1)]
-_output_span2_kernel = triton.autotune(configs=_configs(OUTPUT_SPAN2_CANDIDATES),
-                                       key=["K", "V", "SPAN", "chunk_tier"],
-                                       prune_configs_by={"early_config_prune": _bv_prune})(_chunk_output_fn)
+_output_span2_kernel = TunedKernel(_chunk_output_fn, _configs(OUTPUT_SPAN2_CANDIDATES),
+                                   ["K", "V", "SPAN", "chunk_tier"], _bv_prune)
 
 
-@triton.autotune(configs=PREP_CONFIGS, key=["K", "chunk_tier"], prune_configs_by={"early_config_prune": _prep_prune})
 @triton.jit
-def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier,
-                       H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                       RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
+def _chunk_prep_fn(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
     i_c, i_h, _ = _chunk_program(HV, 1)
     bos, i_t, n_tok = _chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
@@ -163,6 +161,9 @@ def _chunk_prep_kernel(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bou
     b_k = _load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, IEEE)
     _store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai * b_beta[None, :])
+
+
+_chunk_prep_kernel = TunedKernel(_chunk_prep_fn, PREP_CONFIGS, ["K", "chunk_tier"], _prep_prune)
 
 
 @dataclass(frozen=True)
@@ -516,7 +517,7 @@ def chunk_fused_gdn(
 
 
 def _output_kernel(span: int):
-    """The autotuned output pass for blocks of ``span`` chunks."""
+    """The tuned output pass for blocks of ``span`` chunks."""
     return _output_span2_kernel if span == 2 else _chunk_output_kernel
 
 

@@ -1,4 +1,4 @@
-"""Picking a kernel's launch config by timing its candidates side by side (the decode kernel's tuner).
+"""Picking a kernel's launch config by timing its candidates side by side (every bundled kernel's tuner).
 
 Triton's autotuner times the candidates one after another, with a separately launched kernel per
 sample. For the decode kernel that gave picks that changed from one process to the next: on an H100,
@@ -7,7 +7,10 @@ another; forced and timed in alternation at B=256, both were 4% slower than BV 3
 each candidate's launch is captured once in a CUDA graph (no host launch cost inside a sample), and
 samples are taken in rounds, one per candidate in turn, with L2 flushed before each (as gdnbench's
 default timer does): clock and thermal drift then touch every candidate alike. The pick is the lowest
-median.
+median. The chunk kernels' autotuner picks were flukes of the same kind: on an H100, parity's varlen
+N=32 T=4096 ran 55.8 us instead of 37.9 with a config that Triton's autotuner had picked once on the key's
+first case, and that was 14% behind when its timing was rerun (BENCHMARKS.md, twenty-ninth session).
+``TunedKernel`` puts a Triton kernel behind ``fastest`` as ``triton.autotune`` would.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import torch
+import triton
 from triton.runtime import errors as _triton_errors
 
-__all__ = ["fastest"]
+__all__ = ["TunedKernel", "fastest"]
 
 # A candidate that fails to build for this shape (too much shared memory or too many registers) drops
 # out, as in triton's autotuner; any other error is the caller's. (PTXASError is not in every triton.)
@@ -84,3 +88,52 @@ def fastest(run: Callable[[C], object], candidates: Sequence[C], device: torch.d
             rounds += 1
     medians = [statistics.median(times) for times in samples]
     return candidates[medians.index(min(medians))]
+
+
+Prune = Callable[..., list[triton.Config]]
+
+
+class TunedKernel:
+    """A Triton kernel launched as ``kernel[grid](*args, **kwargs)`` with the fastest of its candidate
+    ``configs`` for the launch's tuning key: the values of the arguments named in ``keys``, and the dtype
+    (or None) of every tensor argument. A key's first launch tunes it with ``fastest`` over the configs
+    that ``early_config_prune(configs, named_args)`` keeps for that launch; a single config in
+    ``configs`` runs as written, unpruned and untimed (as ``triton.autotune`` does). Every candidate runs
+    many times on the launch's own arguments, so no argument may be both read and written. The
+    attributes are ``triton.autotune``'s: ``fn``, ``arg_names``, ``configs``, ``keys``, ``cache`` (key -> config),
+    ``early_config_prune`` and ``best_config`` (what the latest launch ran), so that tests and sweeps
+    can force a config."""
+
+    def __init__(self, fn, configs: list[triton.Config], keys: list[str], prune: Prune | None = None) -> None:
+        self.fn, self.configs, self.keys, self.early_config_prune = fn, configs, keys, prune
+        self.arg_names: list[str] = fn.arg_names
+        self.cache: dict[tuple, triton.Config] = {}
+        self.best_config: triton.Config | None = None
+
+    def __getitem__(self, grid) -> Callable[..., None]:
+        return lambda *args, **kwargs: self._run(grid, args, kwargs)
+
+    def _run(self, grid, args: tuple, kwargs: dict) -> None:
+        named = {**dict(zip(self.arg_names, args)), **kwargs}
+
+        def launch(c: triton.Config) -> None:
+            g = grid({**named, **c.kwargs}) if callable(grid) else grid
+            self.fn[g](*args, **kwargs, **c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages,
+                       maxnreg=c.maxnreg)
+
+        if len(self.configs) == 1:
+            cfg = self.configs[0]
+        else:
+            key = tuple(named[k] for k in self.keys) + tuple(
+                str(x.dtype) if isinstance(x, torch.Tensor) else None for x in named.values()
+                if x is None or isinstance(x, torch.Tensor))
+            if key not in self.cache:
+                if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(f"{self.fn.__name__} has not been tuned for this launch ({key}): "
+                                       "call it once before capturing it in a CUDA graph")
+                pruned = self.early_config_prune(self.configs, named) if self.early_config_prune else self.configs
+                device = next(x.device for x in named.values() if isinstance(x, torch.Tensor))
+                self.cache[key] = fastest(launch, pruned, device)
+            cfg = self.cache[key]
+        launch(cfg)
+        self.best_config = cfg

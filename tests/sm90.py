@@ -12,7 +12,7 @@ import pytest
 
 def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted: bool, num_warps: int = 4,
                  num_stages: int = 2):
-    """triton.compile(fn) for GPUTarget("cuda", 90, 32); fn: a jit function (an Autotuner's is unwrapped) or
+    """triton.compile(fn) for GPUTarget("cuda", 90, 32); fn: a jit function (a TunedKernel's is unwrapped) or
     a Gluon one.
 
     signature: every argument's type ("*bf16", "i32", "constexpr", ...); interpreted: the kernel
@@ -31,7 +31,9 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
         pytest.skip(f"no triton ahead-of-time compile API here: {e}")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5):
         pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
-    if isinstance(fn, triton.runtime.Autotuner):
+    from gdnbench_kernels.tuning import TunedKernel
+
+    if isinstance(fn, TunedKernel):
         fn = fn.fn
     source = ASTSource
     if fn.is_gluon():

@@ -73,7 +73,7 @@ BY_NAME = {c["name"]: c for c in KERNEL_CASES}
 
 # Run with every tensor a kernel touches (inputs, layout, workspace, outputs) inside a larger buffer whose
 # margins hold a sentinel (NaN, a huge int), once per block width (BV) among the GPU's candidates of every
-# autotuned kernel: a write outside a tensor changes a margin, an unmasked read outside one poisons the
+# tuned kernel: a write outside a tensor changes a margin, an unmasked read outside one poisons the
 # outputs. (An illegal address that chunk_fused's prep kernel hit on an H100 inside a full run was never
 # reproduced under compute-sanitizer; these runs rule out the kernels' own index and mask logic.)
 GUARD_CASES = [
@@ -174,7 +174,7 @@ def guard_rounds(chunk, chunk_fused) -> int:
 
 def _guarded_runs(chunk, chunk_fused) -> dict:
     """Each GUARD_CASES case through chunk_gdn and chunk_fused_gdn (output fused and not), every tensor
-    guarded, in ``guard_rounds`` rounds (round i: each autotuned kernel forced to its i-th block width):
+    guarded, in ``guard_rounds`` rounds (round i: each tuned kernel forced to its i-th block width):
     the number of runs and what went wrong, by run."""
     import triton
 
@@ -201,7 +201,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
              "state": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES),
              "output": (chunk._chunk_output_kernel, chunk.OUTPUT_CANDIDATES),
              "output-pairs": (chunk_fused._output_span2_kernel, chunk_fused.OUTPUT_SPAN2_CANDIDATES)}
-    saved = {name: (kernel.configs, kernel.__dict__.get("best_config")) for name, (kernel, _) in tuned.items()}
+    saved = {name: (kernel.configs, kernel.best_config) for name, (kernel, _) in tuned.items()}
     rounds = guard_rounds(chunk, chunk_fused)
     problems: dict[str, str] = {}
     runs = 0
@@ -275,12 +275,8 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                         problems[run] = "non-finite outputs (a read outside a tensor)"
     finally:
         for name, (kernel, _) in tuned.items():  # as they were, for the CLI run (its rows name the configs)
-            kernel.configs, best = saved[name]
+            kernel.configs, kernel.best_config = saved[name]
             kernel.cache.clear()
-            if best is None:
-                kernel.__dict__.pop("best_config", None)
-            else:
-                kernel.best_config = best
     return {"runs": runs, "problems": problems}
 
 
@@ -425,7 +421,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
 
 
 def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
-    """Every GPU candidate config of every autotuned kernel, both variants, guarded tensors (_guarded_runs)."""
+    """Every GPU candidate config of every tuned kernel, both variants, guarded tensors (_guarded_runs)."""
     from gdnbench_kernels import chunk, chunk_fused
 
     guards = interpreted["guards"]
@@ -659,15 +655,15 @@ def test_the_prep_kernel_has_no_register_cap_with_a_wide_key_tile():
     assert caps(64) == [None, 96]
 
 
-def test_every_autotuned_chunk_kernel_keys_on_a_size_tier():
+def test_every_tuned_chunk_kernel_keys_on_a_size_tier():
     """Keyed on head dims alone, a kernel is tuned by whichever case of a dim runs first: parity's
     one-chunk case chose the output pass's and the state pass's configs for its larger cases (1.2-1.3x
-    slower on an H100). Every autotuned chunk kernel keys on a size tier, whose bounds split one chunk
+    slower on an H100). Every tuned chunk kernel keys on a size tier, whose bounds split one chunk
     from many and a short walk from a long one."""
     from gdnbench_kernels import chunk, chunk_fused
 
     for kernel in (chunk._chunk_state_kernel, chunk._chunk_output_kernel, chunk_fused._chunk_prep_kernel,
-                   chunk_fused._state_kernel):
+                   chunk_fused._state_kernel, chunk_fused._output_span2_kernel):
         assert {"state_tier", "chunk_tier"} & set(kernel.keys), kernel.keys
     assert chunk.chunk_tier(1, 1) != chunk.chunk_tier(128, 8)
     assert chunk.state_tier(1, 1, 64, 63) != chunk.state_tier(4, 8, 64, 2048)

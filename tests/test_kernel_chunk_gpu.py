@@ -44,10 +44,10 @@ def _candidates():
 
 
 def _force_config(kernel, index: int, monkeypatch) -> None:
-    """Make the autotuner run its index-th config the way a launch would: through the kernel's own prune,
+    """Make the tuner run its index-th config the way a launch would: through the kernel's own prune,
     which reshapes configs for the launch (BV capped at V: at D = 16 every candidate becomes a BV 16 one)
     and drops some. Forcing ``configs = [c]`` alone would skip the prune and test c as written, never the
-    configs an autotuned call runs. Skips once the prune leaves fewer configs than index + 1."""
+    configs an tuned call runs. Skips once the prune leaves fewer configs than index + 1."""
     configs, prune = kernel.configs, kernel.early_config_prune
 
     def pick(_configs, named_args, **kwargs):
@@ -56,7 +56,7 @@ def _force_config(kernel, index: int, monkeypatch) -> None:
             pytest.skip(f"the prune leaves {len(pruned)} configs for this launch")
         return [pruned[index]]
 
-    assert len(configs) > 1  # else the autotuner skips the prune
+    assert len(configs) > 1  # else the tuner skips the prune
     monkeypatch.setattr(kernel, "early_config_prune", pick)
     monkeypatch.setattr(kernel, "cache", {})
 
@@ -105,7 +105,7 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
     joined into the timed stream) captured and replayed as the harness times it: bitwise one call's
     results. Unequal sequences, so that later groups hold empty ranges; 5 groups, both hand-off buffers.
     With the Gluon walk for Hopper too (walk "sm90"), whose groups end mid-chunk at a sequence's end.
-    One config per kernel, as written (at D = 128 no prune would reshape it): a group's autotuner keys (its
+    One config per kernel, as written (at D = 128 no prune would reshape it): a group's tuning keys (its
     walk length, its chunks) differ from the call's, and so could its pruned configs."""
     from gdnbench_kernels import chunk, chunk_fused
 

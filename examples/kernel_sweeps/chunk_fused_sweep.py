@@ -1,6 +1,6 @@
 """The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
 
-  configs      force each candidate config of one autotuned kernel (``prep``: gate + K K^T + solve, no
+  configs      force each candidate config of one tuned kernel (``prep``: gate + K K^T + solve, no
                block width; ``state``: the Triton state pass with the output fused in, over warm-up
                segments where the default rule takes them; ``walk``: the state pass without it, as one
                long sequence and the pipeline run it) alone, and time the whole calls interleaved;
@@ -17,13 +17,13 @@
                output pass, or the walk with the output fused in, group by group on their own streams)
                at several group sizes; the output is fused in or not by the kernel's default rule.
 
-A forced config runs as given (the autotuner prunes only among several), BV masked past the head dim.
+A forced config runs as given (the tuner prunes only among several), BV masked past the head dim.
 Each row also gives the relative difference of its output from the first row's: every config and
 variant computes the same thing, so anything above rounding is a bug (the prep config that triton 3.6
 miscompiled returned NaN here). Times are the graph timer's medians with the L2 flushed, as in
 ``gdnbench run``; a case's rows print as soon as it is timed, so a config that kills the GPU context
 leaves the earlier cases' rows.
-This reaches into the kernels' internals (their autotuner objects) and is not part of the harness.
+This reaches into the kernels' internals (their TunedKernel objects) and is not part of the harness.
 
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=16,T=512,H=8,HV=8,K=64" --kernel prep
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "B=64,T=64" --kernel state -c 64,4,1 -c 32,8,2
