@@ -80,10 +80,9 @@ Tuning is limited to (d) and (e), keyed on (K, V), a size tier (``state_tier``, 
 a config tuned on a tiny case must not carry over to large ones) and the arguments' dtypes, at most five
 candidates each (after the tier cut), timed side by side in CUDA graphs (``tuning.TunedKernel``, as for
 the decode kernel: Triton's autotuner, which times them one after another, picked flukes); the other
-kernels have one fixed launch config. Under the
-Triton interpreter there is one config per kernel and no tuning; bf16 dots are computed from fp32
-copies there (the interpreter's bf16 tl.dot is wrong) and fp32 -> bf16 casts round to nearest even
-(``recurrent._cast``).
+kernels have one fixed launch config. Under the Triton interpreter there is one config per kernel and no
+tuning; bf16 dots are computed from fp32 copies there (the interpreter's bf16 tl.dot is wrong) and fp32 ->
+bf16 casts round to nearest even (``recurrent._cast``).
 """
 
 from __future__ import annotations
@@ -405,7 +404,8 @@ def _state_prune(configs, named_args, **kwargs):
 # Every candidate forced on every parity D = 128 row (whole calls, default path; BENCHMARKS.md, twenty-seventh
 # and twenty-ninth sessions), on an H200 and on an H100, and on qwen3-next B=4 T=8192 (H100): this one was the
 # fastest on each; (64, 8, 3) was 9-58% slower, (64, 4, 1) 5-33%, BV 32 1-37%. Offered the others, Triton's
-# autotuner (then this kernel's tuner) picked one now and then on the first case of a key, and the key's other cases ran it: H200
+# autotuner (which tuned these kernels then) picked one now and then on the first case of a key, and the key's
+# other cases ran it: H200
 # varlen N=32 T=4096 at BV 32, 44.9 us against 37.1; H100 B=4 T=1024 at (64, 8, 3), 37.4 against 33.4, and
 # varlen N=32 T=4096 after it, 55.8 against 38.9. Rerun alone, Triton's timing ranked that row's configs as
 # the whole calls do ((64, 8, 3) 14% behind): a fluke of the moment of one run, which a tuner timing the

@@ -100,9 +100,9 @@ class TunedKernel:
     that ``early_config_prune(configs, named_args)`` keeps for that launch; a single config in
     ``configs`` runs as written, unpruned and untimed (as ``triton.autotune`` does). Every candidate runs
     many times on the launch's own arguments, so no argument may be both read and written. The
-    attributes are ``triton.autotune``'s: ``fn``, ``arg_names``, ``configs``, ``keys``, ``cache`` (key -> config),
-    ``early_config_prune`` and ``best_config`` (what the latest launch ran), so that tests and sweeps
-    can force a config."""
+    attributes are ``triton.autotune``'s: ``fn``, ``arg_names``, ``configs``, ``keys``, ``cache`` (key
+    -> config), ``early_config_prune`` and ``best_config`` (what the latest launch ran), so that tests
+    and sweeps can force a config."""
 
     def __init__(self, fn, configs: list[triton.Config], keys: list[str], prune: Prune | None = None) -> None:
         self.fn, self.configs, self.keys, self.early_config_prune = fn, configs, keys, prune

@@ -1,4 +1,4 @@
-"""gdnbench_kernels.tuning: ``fastest`` and ``TunedKernel``, every bundled kernel's tuner (timing runs on a GPU only)."""
+"""gdnbench_kernels.tuning: ``fastest`` and ``TunedKernel``, every bundled kernel's tuner (timing on a GPU only)."""
 
 from __future__ import annotations
 
@@ -122,8 +122,8 @@ def test_a_tuned_kernel_tunes_once_per_key_over_its_pruned_configs(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the refused launch leaves nothing captured
 def test_the_tuned_kernel_runs_its_cheapest_config():
-    """A copy that reads REPEAT blocks for each it writes: REPEAT 1 is picked, wherever it stands, and a launch
-    while a CUDA graph is being captured must not tune (it would time kernels inside the capture)."""
+    """A copy that reads REPEAT blocks for each it writes: REPEAT 1 is picked, wherever it stands, and a
+    launch while a CUDA graph is being captured must not tune (it would time kernels inside the capture)."""
     import triton
     import triton.language as tl
 
