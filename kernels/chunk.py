@@ -382,18 +382,17 @@ def _tile_width(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def _state_prune(configs, named_args, **kwargs):
+def _state_prune(configs, named_args):
     """BV no wider than V needs; at most 64 fp32 state elements per thread (more spills on sm_90); with
     the output fused in, no single-stage config narrower than 64 (``_miscompiled``), and at V = 128 only
     ``FUSED_WALK_V128``."""
-    args = {**named_args, **kwargs}
-    BK, V = args["BK"], args["V"]
+    BK, V = named_args["BK"], named_args["V"]
     keep, seen = [], set()
     for c in configs:
         c = _with_bv(c, min(c.kwargs["BV"], _tile_width(V)))
         if BK * c.kwargs["BV"] / (32 * c.num_warps) > 64 or _settings(c) in seen:
             continue
-        if args["FUSE_OUTPUT"] and (_miscompiled(c) or (V == 128 and _settings(c)[:3] != FUSED_WALK_V128)):
+        if named_args["FUSE_OUTPUT"] and (_miscompiled(c) or (V == 128 and _settings(c)[:3] != FUSED_WALK_V128)):
             continue
         seen.add(_settings(c))
         keep.append(c)
@@ -405,11 +404,10 @@ def _state_prune(configs, named_args, **kwargs):
 # and twenty-ninth sessions), on an H200 and on an H100, and on qwen3-next B=4 T=8192 (H100): this one was the
 # fastest on each; (64, 8, 3) was 9-58% slower, (64, 4, 1) 5-33%, BV 32 1-37%. Offered the others, Triton's
 # autotuner (which tuned these kernels then) picked one now and then on the first case of a key, and the key's
-# other cases ran it: H200
-# varlen N=32 T=4096 at BV 32, 44.9 us against 37.1; H100 B=4 T=1024 at (64, 8, 3), 37.4 against 33.4, and
-# varlen N=32 T=4096 after it, 55.8 against 38.9. Rerun alone, Triton's timing ranked that row's configs as
-# the whole calls do ((64, 8, 3) 14% behind): a fluke of the moment of one run, which a tuner timing the
-# candidates one after another, not interleaved, cannot rule out.
+# other cases ran it: H200 varlen N=32 T=4096 at BV 32, 44.9 us against 37.1; H100 B=4 T=1024 at (64, 8, 3),
+# 37.4 against 33.4, and varlen N=32 T=4096 after it, 55.8 against 38.9. Rerun alone, Triton's timing ranked
+# that row's configs as the whole calls do ((64, 8, 3) 14% behind): a fluke of the moment of one run, which a
+# tuner timing the candidates one after another, not interleaved, cannot rule out.
 # At V = 64 the candidates stay: BV 32 wins the small cases there by 4-8%.
 FUSED_WALK_V128 = (64, 4, 2)
 
@@ -423,17 +421,17 @@ def _miscompiled(c: triton.Config) -> bool:
     return c.num_stages == 1 and c.kwargs["BV"] < 64
 
 
-def _state_prune_by_tier(configs, named_args, **kwargs):
+def _state_prune_by_tier(configs, named_args):
     """_state_prune after a cut by parallelism tier (``state_tier``): BV 16 only at tiers 0 and 3 (a few
     sequences, too few programs for the GPU); with programs enough it only re-reads W and k more."""
-    tier = {**named_args, **kwargs}["state_tier"]
+    tier = named_args["state_tier"]
     keep = [c for c in configs if tier % 3 == 0 or c.kwargs["BV"] >= 32]
-    return _state_prune(keep, named_args, **kwargs)
+    return _state_prune(keep, named_args)
 
 
-def _bv_prune(configs, named_args, **kwargs):
+def _bv_prune(configs, named_args):
     """BV no wider than V needs (duplicates dropped)."""
-    V = {**named_args, **kwargs}["V"]
+    V = named_args["V"]
     keep, seen = [], set()
     for c in configs:
         c = _with_bv(c, min(c.kwargs["BV"], _tile_width(V)))

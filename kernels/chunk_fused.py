@@ -126,13 +126,13 @@ PREP_CANDIDATES = [(4, 1), (4, 1, 96)]
 PREP_CONFIGS = _configs(PREP_CANDIDATES, block=False)
 
 
-def _prep_prune(configs, named_args, **kwargs):
+def _prep_prune(configs, named_args):
     """No register cap with a 128-wide key tile. Both forced on every parity D = 128 row (an H100 and an
     H200) and on qwen3-next B=4 T=8192 and B=1 T=16384 (the H200; whole calls, BENCHMARKS.md, twenty-ninth
     session), the cap ran level to 3.5% slower on every row but varlen N=64 T=6656 (0.4% and 1.4% faster);
     picked on the first case of its (Triton) autotune key, it ran the key's other cases up to 1.5 us slower. At
     D = 64 it stays: there it won varlen N=32 T=8192 by 4% (H100)."""
-    if {**named_args, **kwargs}["BK"] >= 128:
+    if named_args["BK"] >= 128:
         return [c for c in configs if c.maxnreg is None]
     return configs
 

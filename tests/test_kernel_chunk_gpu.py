@@ -47,11 +47,11 @@ def _force_config(kernel, index: int, monkeypatch) -> None:
     """Make the tuner run its index-th config the way a launch would: through the kernel's own prune,
     which reshapes configs for the launch (BV capped at V: at D = 16 every candidate becomes a BV 16 one)
     and drops some. Forcing ``configs = [c]`` alone would skip the prune and test c as written, never the
-    configs an tuned call runs. Skips once the prune leaves fewer configs than index + 1."""
+    configs a tuned call runs. Skips once the prune leaves fewer configs than index + 1."""
     configs, prune = kernel.configs, kernel.early_config_prune
 
-    def pick(_configs, named_args, **kwargs):
-        pruned = prune(configs, named_args, **kwargs) if prune else configs
+    def pick(_configs, named_args):
+        pruned = prune(configs, named_args) if prune else configs
         if index >= len(pruned):
             pytest.skip(f"the prune leaves {len(pruned)} configs for this launch")
         return [pruned[index]]
