@@ -16,7 +16,8 @@ test:
 # On a GPU, after any change to kernels/: every candidate config forced, replayed from a CUDA graph; then
 # the kernels tuned across their envelope (exit 1 on a row that fails its check or errors)
 test-gpu:
-	$(PYTHON) -m pytest tests/test_kernel_chunk_gpu.py tests/test_kernel_chunk_walk_sm90.py tests/test_kernel_recurrent_gpu.py
+	$(PYTHON) -m pytest tests/test_kernel_chunk_gpu.py tests/test_kernel_chunk_walk_sm90.py tests/test_kernel_chunk_prep_sm90.py \
+		tests/test_kernel_recurrent_gpu.py
 	gdnbench run kernel-check --strict
 
 bench:

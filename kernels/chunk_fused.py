@@ -31,6 +31,11 @@ On Hopper (sm_90), where a walk's programs make one wave, the walk with the outp
 kernel instead (``chunk_walk_sm90``, ``walk="sm90"``; default: see SM90_WALK_MIN_CHUNKS): it issues the
 chunk's independent products together, where Triton waits for each. 1.13-1.25x on qwen3-next B=1.
 
+On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
+(``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
+the Triton kernel's L1 / shared-memory traffic, which bounds it (its docstring). 1.24-1.27x on the prep kernel
+and 1.07x on whole calls at qwen3-next's shapes, 1.02-1.11x on parity's rows it serves (H100).
+
 What each should buy on Hopper: (1) ``chunk``'s (a) and (b) less a launch and the gc re-read. (2) Against
 storing W and U (the prep kernel then took V and two more dots, and held 212 registers at K = V = 128,
 two programs per SM): the prep kernel writes 64 values per token and head instead of K + V, reads no V,
@@ -68,12 +73,12 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _b
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
-from . import chunk_walk_sm90
+from . import chunk_prep_sm90, chunk_walk_sm90
 from .tuning import TunedKernel
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
-           "walk_default", "plan_walk", "warm_up_default", "describe"]
+           "walk_default", "plan_walk", "plan_prep", "warm_up_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -214,9 +219,29 @@ def _pipeline_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cu
     return _STREAMS[index]
 
 
-def _prep(x: _Args, over: ChunkLayout, first_chunk: int = 0) -> None:
-    """The prep kernel over the chunks of ``over``, the first of which is the batch's ``first_chunk``."""
-    if over.NT:
+def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None) -> str:
+    """Which prep kernel a call runs: "sm90" (chunk_prep_sm90, Gluon) where it can, else "triton" (None: the
+    default); raises ValueError for "sm90" where it cannot."""
+    if prep is None:
+        return "triton" if chunk_prep_sm90.unsupported(k, raw_gate, qk_l2norm) else "sm90"
+    if prep == "sm90":
+        why = chunk_prep_sm90.unsupported(k, raw_gate, qk_l2norm)
+        if why:
+            raise ValueError(f"prep='sm90' cannot run this call: {why}")
+    elif prep != "triton":
+        raise ValueError(f"prep must be 'triton' or 'sm90', got {prep!r}")
+    return prep
+
+
+def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
+    """The prep kernel (``plan_prep``'s) over the chunks of ``over``, the first of which is the batch's
+    ``first_chunk``."""
+    if not over.NT:
+        return
+    if prep == "sm90":
+        chunk_prep_sm90.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, x.ws.A_diag[first_chunk:], over.seq_bounds,
+                                   over.chunk_indices, x.HV)
+    else:
         _chunk_prep_kernel[(over.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,
             over.seq_bounds, over.chunk_indices, chunk_tier(over.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK,
@@ -233,14 +258,15 @@ def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor
         _state_pass(x, _state_kernel, over, h0, ht, fuse=True)
 
 
-def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_state: bool, walk: str) -> None:
+def _pipelined(x: _Args, pipe: PipelineLayout, fuse_output: bool, output_final_state: bool, walk: str,
+               prep_kernel: str) -> None:
     """Prep, walk and output pass group by group (see PipelineLayout); on a GPU the three run on their
     own streams, forked from and joined back into the caller's (CUDA-graph capturable)."""
     ws, last = x.ws, len(pipe.groups) - 1
     chunk_firsts, block_firsts = pipe.firsts(1), pipe.firsts(x.span)
 
     def prep(g: int) -> None:
-        _prep(x, pipe.groups[g], chunk_firsts[g])
+        _prep(x, pipe.groups[g], prep_kernel, chunk_firsts[g])
 
     def walk_group(g: int) -> None:
         ht = (ws.final_state if output_final_state else None) if g == last else ws.handoff[g % 2]
@@ -480,6 +506,7 @@ def chunk_fused_gdn(
     output_span: int | None = None,
     pipeline: PipelineLayout | None = None,
     walk: str | None = None,
+    prep: str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
@@ -491,11 +518,14 @@ def chunk_fused_gdn(
     pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
     ``pipeline=True``); never with segments. walk: "triton", or "sm90" for the Gluon walk of chunk_walk_sm90
-    (Hopper; the output fused in, no segments); None: the default (``plan_walk``).
+    (Hopper; the output fused in, no segments); None: the default (``plan_walk``). prep: "triton", or "sm90"
+    for the Gluon prep kernel of chunk_prep_sm90 (Hopper; gates given, no in-kernel L2 norm); None: the default
+    (``plan_prep``).
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
     walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output)
+    prep = plan_prep(k, a is not None, qk_l2norm, prep)
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
     if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):
         raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
@@ -504,9 +534,9 @@ def chunk_fused_gdn(
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
                pipeline=pipeline is not None)
     if pipeline is not None:
-        _pipelined(x, pipeline, fuse, output_final_state, walk)
+        _pipelined(x, pipeline, fuse, output_final_state, walk, prep)
     else:
-        _prep(x, lay)
+        _prep(x, lay, prep)
         if walk == "sm90":
             _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk)
         else:
@@ -521,10 +551,11 @@ def _output_kernel(span: int):
     return _output_span2_kernel if span == 2 else _chunk_output_kernel
 
 
-def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton") -> str:
+def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", prep: str = "triton") -> str:
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
+    prep_str = chunk_prep_sm90.describe() if prep == "sm90" else f"prep[{_config_str(_chunk_prep_kernel)}]"
     if walk == "sm90":
-        return f"prep[{_config_str(_chunk_prep_kernel)}], {chunk_walk_sm90.describe()}"
-    return f"prep[{_config_str(_chunk_prep_kernel)}], " + _describe(
+        return f"{prep_str}, {chunk_walk_sm90.describe()}"
+    return f"{prep_str}, " + _describe(
         _state_kernel if fuse_output else None, fuse_output=fuse_output, output_kernel=_output_kernel(output_span),
         output_span=output_span)

@@ -31,21 +31,13 @@ Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU t
 
 from __future__ import annotations
 
-import functools
-
-import torch
 from torch import Tensor
 
-try:
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-except ImportError as e:  # a triton without Gluon: the Triton walk runs instead
-    GLUON_MISSING: str | None = f"triton without Gluon for Hopper ({e})"
-else:
-    GLUON_MISSING = None
+from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
+
+if GLUON_MISSING is None:
+    from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store,
+                               warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["fused_walk", "unsupported", "BV", "describe"]
 
@@ -55,22 +47,11 @@ WARPS = 4  # one warpgroup
 
 
 if GLUON_MISSING is None:
-    # renamed after triton 3.6: TMA copies (async_copy_global_to_shared -> async_load, ...)
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # likewise thread_barrier -> barrier
-
-    @gluon.jit
-    def _exp(x):
-        """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
-        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
-                                         dtype=gl.float32, is_pure=True, pack=1)
-
     @gluon.jit
     def _fetch(desc, row, col, bar, dst, pred):
         """dst <- desc's tile at (row, col) by TMA, completing on bar (nothing when not pred)."""
         mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-        _tma_load(desc, [row, col], bar, dst, pred=pred)
+        tma_load(desc, [row, col], bar, dst, pred=pred)
 
     @gluon.jit
     def _gates(gc, tok, eos, i_h, HV: gl.constexpr, BT: gl.constexpr, mma_v: gl.constexpr, mma_t: gl.constexpr):
@@ -123,7 +104,7 @@ if GLUON_MISSING is None:
         else:
             KS = warpgroup_mma_wait(num_outstanding=1, deps=(KS, ))
         mbarrier.wait(bars.index(NB + b), ph)
-        X = gl.where(valid, v_s.index(b).load(mma_v).to(gl.float32) - _exp(gc_v)[:, None] * KS, 0.0)
+        X = gl.where(valid, v_s.index(b).load(mma_v).to(gl.float32) - exp(gc_v)[:, None] * KS, 0.0)
         x_s.store(X.to(dt))
         fence_async_shared()
         mbarrier.wait(bars.index(2 * NB + b), ph)
@@ -132,19 +113,19 @@ if GLUON_MISSING is None:
         QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma_t), use_acc=False,
                            is_async=True)
         VN, QS = warpgroup_mma_wait(num_outstanding=1, deps=(VN, QS))
-        _cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
+        cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
         more = t + NB < NT
         _fetch(v_desc, tok + NB * BT, col_v, bars.index(NB + b), v_s.index(b), more)
         _fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 * NB + b), ai_s.index(b), more)
         VN = gl.where(valid, VN, 0.0)
         vn_s.store(VN.to(dt))
-        x_s.store((VN * _exp(gc_last - gc_v)[:, None]).to(dt))
+        x_s.store((VN * exp(gc_last - gc_v)[:, None]).to(dt))
         fence_async_shared()
         QK = warpgroup_mma_wait(num_outstanding=0, deps=(QK, ))
         _fetch(q_desc, tok + NB * BT, col_k, bars.index(b), q_cur, more)
-        P = QK * _exp(gl.where(r_t[:, None] >= c_t[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
+        P = QK * exp(gl.where(r_t[:, None] >= c_t[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
         Pa = gl.convert_layout(P.to(dt), gl.DotOperandLayout(operand_index=0, parent=mma_v, k_width=2))
-        return Pa, QS * _exp(gc_v)[:, None], gc_last, gates
+        return Pa, QS * exp(gc_v)[:, None], gc_last, gates
 
     @gluon.jit
     def _chunk_back(t, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT: gl.constexpr,
@@ -152,7 +133,7 @@ if GLUON_MISSING is None:
         """Chunk t's state update and output, issued together; waits for the state only and refills the
         chunk's k buffer with chunk t + 2. Returns (S, the output still in flight)."""
         k_cur = k_s.index(t % 2)
-        S = warpgroup_mma(k_cur.permute((1, 0)), x_s, S * _exp(gc_last), is_async=True)
+        S = warpgroup_mma(k_cur.permute((1, 0)), x_s, S * exp(gc_last), is_async=True)
         O = warpgroup_mma(Pa, vn_s, QSd, is_async=True)
         S = warpgroup_mma_wait(num_outstanding=1, deps=(S, ))
         _fetch(k_desc, bos + (t + 2) * BT, col_k, bars.index(3 * NB + t % 2), k_cur, t + 2 < NT)
@@ -164,7 +145,7 @@ if GLUON_MISSING is None:
         tma.store_wait(pendings=0)
         o_s.store(O.to(o_s.dtype))
         fence_async_shared()
-        _tma_store(o_desc, [row, col], o_s)
+        tma_store(o_desc, [row, col], o_s)
 
     @gluon.jit
     def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale,
@@ -236,31 +217,17 @@ if GLUON_MISSING is None:
             gl.store(ht + h_off, S)
 
 
-@functools.cache
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
-
-
 def unsupported(q: Tensor, V: int, qk_l2norm: bool) -> str | None:
     """Why this kernel cannot run a call with these inputs (None: it can)."""
     K = q.shape[-1]
-    if GLUON_MISSING:
-        return GLUON_MISSING
-    if q.device.type != "cuda" or _capability(q.device) != (9, 0):
-        return "needs an sm_90 GPU"
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        return f"needs bf16 or fp16 inputs, got {q.dtype}"
+    why = unsupported_inputs(q)
+    if why:
+        return why
     if K != 128 or V != 128:
         return f"written for K = V = 128, got K={K}, V={V}"
     if qk_l2norm:
         return "takes q and k normalised beforehand"
     return None
-
-
-def _descriptor(x: Tensor, block: list[int]) -> TensorDescriptor:
-    """A TMA descriptor of block tiles over x [tokens, heads * dim] (contiguous)."""
-    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    return TensorDescriptor(x, list(x.shape), [x.shape[1], 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
 
 
 def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
@@ -273,9 +240,9 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
     long walks: ``chunk_fused._walk_with_output``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
-    descs = (_descriptor(q.view(tokens, H * K), [BT, K]), _descriptor(k.view(tokens, H * K), [BT, K]),
-             _descriptor(v.view(tokens, HV * V), [BT, BV]), _descriptor(Ai.view(tokens, HV * BT), [BT, BT]),
-             _descriptor(out.view(tokens, HV * V), [BT, BV]))
+    descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
+             descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(Ai.view(tokens, HV * BT), [BT, BT]),
+             descriptor(out.view(tokens, HV * V), [BT, BV]))
     _fused_walk_kernel[(N * HV * (V // BV),)](*descs, out, gc, h0, ht, seq_bounds, scale, H=H, HV=HV, K=K, V=V,
                                               BV=BV, BT=BT, USE_H0=h0 is not None, STORE_HT=ht is not None,
                                               LONG_WALK=long_walk, num_warps=WARPS)

@@ -97,7 +97,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
-    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk) if fused
+    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk,
+                                     prep=chunk_fused.plan_prep(p.k, raw, p.qk_l2norm_in_kernel)) if fused
                 else chunk.describe(fuse_output=False))
     notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
     if raw:

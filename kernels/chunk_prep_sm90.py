@@ -1,0 +1,177 @@
+"""``chunk_fused``'s prep kernel for Hopper (sm_90), in Gluon: the same math and rounding as
+``chunk_fused._chunk_prep_fn`` with pre-computed gates, one program per (chunk, value head):
+
+    gc = cumsum(g), A = strictLower(diag(beta)(Gamma o K K^T)), Ai = (I + A)^-1 diag(beta)
+
+The Triton kernel is bound by its L1 / shared-memory traffic, not by its arithmetic: ncu on qwen3-next
+B=4 T=8192 (H100) put it at 82% of the L1/TEX throughput, 3,392 L1 wavefronts a program, 127 registers (BENCHMARKS.md,
+thirty-first session). What Gluon lets this kernel do instead, each measured as part of the whole:
+
+  - the key tile comes by TMA straight into the wgmma's shared-memory layout (Triton loads it into
+    registers, then stores it to shared memory);
+  - A's diagonal 16 x 16 blocks go to the scratch from the wgmma's own register layout (Triton converts
+    the whole [64, 64] fp32 tile through shared memory first, to store a quarter of it);
+  - each block is inverted by forward substitution with one column of the inverse per thread,
+    (I + A_b) Y = I column by column: the column stays in the thread's registers, and each step reads
+    one column of A_b, the same for the block's 16 threads (Triton's column substitution sums along a
+    row across threads at each of its 15 steps);
+  - Ai leaves by TMA.
+
+Then, as in Triton, with D = blockdiag(Y) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2
+- M^3) D with M = D L, in four wgmma products whose operands are rounded to the input dtype. H100 (BENCHMARKS.md,
+thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (B=4 T=8192: 287 -> 229 us;
+FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
+and 1.02-1.11x on parity's rows it serves.
+
+Envelope (``unsupported``): sm_90, bf16 or fp16, K in 64, 128, 256, gates given (``gating: pre``: raw gates
+and the in-kernel L2 norm stay with the Triton kernel). Rows past a sequence's end within its last chunk
+hold the next sequence's keys (TMA does not clamp rows), which the masks drop as the Triton kernel drops
+its clamped rows; that chunk's Ai is stored row by row.
+Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU tests run it.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
+
+if GLUON_MISSING is None:
+    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store, \
+        warpgroup_mma
+
+__all__ = ["chunk_prep", "unsupported", "describe"]
+
+BT = 64  # tokens per chunk (chunk.CHUNK)
+WARPS = 4  # one warpgroup
+HEAD_DIMS = (64, 128, 256)
+
+
+if GLUON_MISSING is None:
+    @gluon.jit
+    def _block_inverses(diag, BT: gl.constexpr):
+        """The scratch's four diagonal blocks diag[b, k, i] = A_b[i, k] replaced by their inverses, diag[b, i, c] =
+        Y_b[i, c] with Y_b = (I + A_b)^-1: forward substitution, each thread holding column c of one Y_b in
+        registers (each column twice over the four warps). Step k reads column k of A_b (one row of the scratch,
+        the same for the block's 16 threads), takes Y_b[k, c], final by then, and subtracts its share from the
+        rows below. The -0.0 and 0.0 of the selects along the in-thread axis fold away in compilation."""
+        L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[2, 16, 1],
+                                            warps_per_cta=[2, 2, 1], order=[2, 1, 0])  # [b, c, i]
+        Lbi: gl.constexpr = gl.SliceLayout(1, L3)
+        Lbc: gl.constexpr = gl.SliceLayout(2, L3)
+        bb = gl.arange(0, BT // 16, layout=gl.SliceLayout(1, Lbi))
+        ii = gl.arange(0, 16, layout=gl.SliceLayout(0, Lbi))
+        b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, BT // 16, layout=gl.SliceLayout(1, Lbc)), 1), 2)
+        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbc)), 0), 2)
+        i3 = gl.expand_dims(gl.expand_dims(ii, 0), 1)
+        Y = gl.where(i3 == c3, 1.0, 0.0) + gl.zeros([BT // 16, 16, 16], gl.float32, L3)
+        for k in gl.static_range(16):
+            a_k = gl.load(diag + bb[:, None] * 256 + k * 16 + ii[None, :])  # A_b[i, k]
+            y_k = gl.sum(gl.where(i3 == k, Y, -0.0), axis=2)  # Y_b[k, c]
+            Y = Y - gl.where(i3 > k, gl.expand_dims(a_k, 1) * gl.expand_dims(y_k, 2), 0.0)
+        cta_barrier()  # every column of A_b read before Y_b takes its place
+        gl.store(diag + b3 * 256 + i3 * 16 + c3, Y)
+
+    @gluon.jit
+    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices,
+                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
+        pid = gl.program_id(0)
+        i_c = pid // HV  # value heads fastest, as chunk._chunk_program: GVA heads share the key tile in L2
+        i_h = pid % HV
+        i_n = gl.load(chunk_indices + 2 * i_c)
+        bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
+        tok = bos + gl.load(chunk_indices + 2 * i_c + 1) * BT
+        n_valid = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32) - tok  # rows of this chunk in its sequence
+        diag = A_diag + pid.to(gl.int64) * (BT * 16)  # this program's own [4, 16, 16] fp32 scratch
+        dt: gl.constexpr = k_desc.dtype
+
+        k_s = gl.allocate_shared_memory(dt, [BT, K], k_desc.layout)
+        tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
+        d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
+        l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
+        m_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
+        bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar.index(0), count=1)
+        mbarrier.expect(bar.index(0), k_desc.block_type.nbytes)
+        tma_load(k_desc, [tok, (i_h // (HV // H)) * K], bar.index(0), k_s)
+
+        # the gates while the keys land: gc = cumsum(g) as a masked row sum, 0 past the sequence's end
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        g_c = gl.load(g + (tok + c) * HV + i_h, mask=c < n_valid, other=0.0).to(gl.float32)
+        beta_r = gl.load(beta + (tok + r) * HV + i_h, mask=r < n_valid, other=0.0).to(gl.float32)
+        beta_c = gl.load(beta + (tok + c) * HV + i_h, mask=c < n_valid, other=0.0).to(gl.float32)
+        gc_r = gl.sum(gl.where(c[None, :] <= r[:, None], g_c[None, :], 0.0), axis=1)
+        gc_c = gl.convert_layout(gc_r, gl.SliceLayout(0, mma))
+        gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
+
+        mbarrier.wait(bar.index(0), 0)
+        mbarrier.invalidate(bar.index(0))
+        A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
+        keep = (r[:, None] > c[None, :]) & (r[:, None] < n_valid)
+        A = A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
+        blk_r = r // 16
+        blk_c = c // 16
+        same = blk_r[:, None] == blk_c[None, :]
+        gl.store(diag + blk_r[:, None] * 256 + (c % 16)[None, :] * 16 + (r % 16)[:, None], A, mask=same)
+        l_s.store(gl.where(blk_r[:, None] > blk_c[None, :], A, 0.0).to(dt))
+        cta_barrier()  # the scratch's columns were written by other threads
+
+        _block_inverses(diag, BT)
+        cta_barrier()
+        D = gl.load(diag + blk_r[:, None] * 256 + (r % 16)[:, None] * 16 + (c % 16)[None, :], mask=same, other=0.0)
+        d_s.store(D.to(dt))
+        fence_async_shared()
+
+        eye = gl.where(r[:, None] == c[None, :], 1.0, 0.0)
+        zero = gl.zeros([BT, BT], gl.float32, mma)
+        M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
+        m_s.store((-M).to(dt))
+        fence_async_shared()
+        P = eye - M
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        for _ in gl.static_range(BT // 16 - 2):  # P = I - P M, M's negation the stored operand, I the accumulator
+            P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), m_s, eye)
+        Ai_t = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False) * beta_c[None, :]
+        if n_valid >= BT:
+            l_s.store(Ai_t.to(dt))
+            fence_async_shared()
+            tma_store(ai_desc, [tok, i_h * BT], l_s)
+            tma.store_wait(pendings=0)
+        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+            gl.store(Ai + (tok + r).to(gl.int64)[:, None] * (HV * BT) + i_h * BT + c[None, :], Ai_t.to(dt),
+                     mask=(r < n_valid)[:, None])
+
+
+def unsupported(k: Tensor, raw_gate: bool, qk_l2norm: bool) -> str | None:
+    """Why this kernel cannot run a call with these keys (None: it can)."""
+    why = unsupported_inputs(k)
+    if why:
+        return why
+    if k.shape[-1] not in HEAD_DIMS:
+        return f"written for K in {HEAD_DIMS}, got K={k.shape[-1]}"
+    if raw_gate:
+        return "takes the gates computed beforehand (gating: pre)"
+    if qk_l2norm:
+        return "takes k normalised beforehand"
+    return None
+
+
+def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, A_diag: Tensor, seq_bounds: Tensor,
+               chunk_indices: Tensor, HV: int) -> None:
+    """gc [tokens, HV] (fp32) and Ai [tokens, HV, 64] of the chunks in chunk_indices ([NT, 2]: sequence, chunk
+    within it) of the sequences in seq_bounds ([N, 2] token ranges), as ``chunk_fused._chunk_prep_fn`` computes
+    them; A_diag: the chunks' fp32 scratch, [NT, HV, 64, 16] at least. k [B, T, H, K], g, beta [B, T, HV], all
+    contiguous (see ``unsupported``)."""
+    H, K = k.shape[2], k.shape[3]
+    tokens = k.shape[0] * k.shape[1]
+    NT = chunk_indices.shape[0]
+    descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
+    _chunk_prep_kernel[(NT * HV,)](*descs, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices, H=H, HV=HV, K=K, BT=BT,
+                                   num_warps=WARPS)
+
+
+def describe() -> str:
+    """The kernel's settings, for a result row's path."""
+    return f"gluon sm90 prep w{WARPS} (TMA, wgmma)"

@@ -1,0 +1,59 @@
+"""What the Gluon kernels for Hopper (``chunk_walk_sm90``, ``chunk_prep_sm90``) share: Gluon's imports (a triton
+without Gluon leaves GLUON_MISSING set and the Triton kernels run instead), the TMA copies under the names of
+any triton from 3.6 on, exp as one instruction, TMA descriptors over token-major tensors, and the check
+every such kernel starts from."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError as e:  # a triton without Gluon
+    GLUON_MISSING: str | None = f"triton without Gluon for Hopper ({e})"
+else:
+    GLUON_MISSING = None
+
+__all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma",
+           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "descriptor", "unsupported_inputs"]
+
+if GLUON_MISSING is None:
+    # renamed after triton 3.6: TMA copies (async_copy_global_to_shared -> async_load, ...)
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # likewise thread_barrier -> barrier
+
+    @gluon.jit
+    def exp(x):
+        """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
+                                         dtype=gl.float32, is_pure=True, pack=1)
+
+
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def unsupported_inputs(q: Tensor) -> str | None:
+    """Why no sm_90 Gluon kernel can take inputs like q (None: one can): Gluon, an sm_90 GPU, bf16 or fp16."""
+    if GLUON_MISSING:
+        return GLUON_MISSING
+    if q.device.type != "cuda" or _capability(q.device) != (9, 0):
+        return "needs an sm_90 GPU"
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        return f"needs bf16 or fp16 inputs, got {q.dtype}"
+    return None
+
+
+def descriptor(x: Tensor, block: list[int]) -> TensorDescriptor:
+    """A TMA descriptor of block tiles over x [tokens, heads * dim] (contiguous, bf16 or fp16)."""
+    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    return TensorDescriptor(x, list(x.shape), [x.shape[1], 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
