@@ -84,9 +84,13 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
         def call() -> None:
             chunk.chunk_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out)
     else:
+        # the Triton prep kernel, also where the Gluon one would run by default (D = 128 on an sm_90 GPU)
+        prep = "triton" if name == "_chunk_prep_kernel" else None
+
         def call() -> None:
             chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=run.endswith("-output"), segments=segments, output_span=span)
+                                        fuse_output=run.endswith("-output"), segments=segments, output_span=span,
+                                        prep=prep)
 
     measure(call, device=DEVICE, config=SHORT)
     if DEVICE.type == "cuda":
