@@ -40,7 +40,7 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
              segment_chunks: int | None = None, warm_up: bool = False, output_span: int | None = None,
-             pipeline_chunks: int | None = None, walk: str | None = None) -> Prepared:
+             pipeline_chunks: int | None = None, walk: str | None = None, prep: str | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks; warm_up:
@@ -52,7 +52,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     in) in groups of that many chunks of every sequence, overlapped on their own streams
     (``chunk_fused.PipelineLayout``); None: the kernel's default rule (``chunk_fused.pipeline_default``),
     0: one call. walk (fused only): "triton", or "sm90" for the Gluon walk on Hopper (which fuses the output
-    in); None: the kernel's default rule (``chunk_fused.plan_walk``: the Triton walk when fuse_output is False)."""
+    in); None: the kernel's default rule (``chunk_fused.plan_walk``: the Triton walk when fuse_output is False).
+    prep (fused only): "triton", or "sm90" for the Gluon prep kernel on Hopper; None: ``chunk_fused.plan_prep``."""
     from gdnbench_kernels import chunk, chunk_fused
 
     case = p.case
@@ -65,6 +66,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up) if segment_chunks else None
     walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
                                                fuse_output) if fused else ("triton", False))
+    prep = chunk_fused.plan_prep(p.k, raw, p.qk_l2norm_in_kernel, prep) if fused else "triton"
     if output_span is None:
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
     span = output_span if fused and not fuse_output else 1
@@ -81,7 +83,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     if fused:
         def call() -> None:
             chunk_fused.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments,
-                                        output_span=span, pipeline=pipeline, walk=walk)
+                                        output_span=span, pipeline=pipeline, walk=walk, prep=prep)
 
         kernels = "gate+kkt+solve in one, W/U in the state pass" + (
             f", state pass over {'warm-up ' if warm_up else ''}segments of {segment_chunks} chunks" if segments
@@ -97,8 +99,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
-    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk,
-                                     prep=chunk_fused.plan_prep(p.k, raw, p.qk_l2norm_in_kernel)) if fused
+    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk, prep=prep) if fused
                 else chunk.describe(fuse_output=False))
     notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
     if raw:
