@@ -222,14 +222,13 @@ def _pipeline_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cu
 def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None) -> str:
     """Which prep kernel a call runs: "sm90" (chunk_prep_sm90, Gluon) where it can, else "triton" (None: the
     default); raises ValueError for "sm90" where it cannot."""
+    why = chunk_prep_sm90.unsupported(k, raw_gate, qk_l2norm)
     if prep is None:
-        return "triton" if chunk_prep_sm90.unsupported(k, raw_gate, qk_l2norm) else "sm90"
-    if prep == "sm90":
-        why = chunk_prep_sm90.unsupported(k, raw_gate, qk_l2norm)
-        if why:
-            raise ValueError(f"prep='sm90' cannot run this call: {why}")
-    elif prep != "triton":
+        return "triton" if why else "sm90"
+    if prep not in ("triton", "sm90"):
         raise ValueError(f"prep must be 'triton' or 'sm90', got {prep!r}")
+    if prep == "sm90" and why:
+        raise ValueError(f"prep='sm90' cannot run this call: {why}")
     return prep
 
 

@@ -60,8 +60,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
                        "state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
                        "walk": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES)}[kernel_name]
     fuse_output = {"prep": None, "state": True, "walk": False}[kernel_name]  # None: the default rule's
-    walk = None if kernel_name == "prep" else "triton"  # the Triton kernels whose configs are forced (and the
-    # Triton prep kernel, also where the Gluon one would run by default)
+    walk = None if kernel_name == "prep" else "triton"  # the Triton kernels whose configs are forced
     forced = [[chunk.config_from(c, block=kernel_name != "prep")] for c in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
@@ -73,6 +72,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
             segments = chunk_fused.warm_up_default(layout, case.HV, case.V, device)
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
+                # the Triton prep kernel, also where the Gluon one would run by default
                 prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
                                     warm_up=segments is not None, prep="triton")
 
