@@ -29,7 +29,9 @@ output fused into the walk (many walks, which fill the GPU) it was slower, so it
 
 On Hopper (sm_90), where a walk's programs make one wave, the walk with the output fused in is a Gluon
 kernel instead (``chunk_walk_sm90``, ``walk="sm90"``; default: see SM90_WALK_MIN_CHUNKS): it issues the
-chunk's independent products together, where Triton waits for each. 1.13-1.25x on qwen3-next B=1.
+chunk's independent products together, where Triton waits for each. 1.13-1.25x on qwen3-next B=1. Where
+programs twice as wide fill the GPU, the Gluon walk with the state transposed (``chunk_walk_transposed_sm90``,
+``walk="sm90_transposed"``): 1.15x at qwen3-next B=4 T=8192, 1.09x at parity B=16 T=256.
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -73,11 +75,11 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _b
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
-from . import chunk_prep_sm90, chunk_walk_sm90
+from . import chunk_prep_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
 from .tuning import TunedKernel
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
+__all__ = ["chunk_fused_gdn", "GLUON_WALKS", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
            "walk_default", "plan_walk", "plan_prep", "warm_up_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
@@ -247,11 +249,15 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
             BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
 
 
+# The Gluon walks for Hopper by name (``walk``), each a module with fused_walk, unsupported and describe
+GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
+
+
 def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str) -> None:
     """The state pass with the output fused in, over the sequences of ``over`` from h0 (or zero), final states
-    to ht (or not stored): the Triton walk or, ``walk == "sm90"``, the Gluon one (chunk_walk_sm90)."""
-    if walk == "sm90":
-        chunk_walk_sm90.fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
+    to ht (or not stored): the Triton walk or a Gluon one (``GLUON_WALKS[walk]``)."""
+    if walk in GLUON_WALKS:
+        GLUON_WALKS[walk].fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
                                    long_walk=over.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK)
     else:
         _state_pass(x, _state_kernel, over, h0, ht, fuse=True)
@@ -390,6 +396,16 @@ def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
 #       49.0 -> 43.6 and N=64 T=6656 (256, longest 408) 51.8 -> 50.0, left to the Triton walk by this rule.
 # Pipelined (prep of the next group beside the walk) it lost everywhere: B=1 T=65536 2333 -> 2983 (groups of 128).
 SM90_WALK_MIN_CHUNKS = 8
+# chunk_walk_transposed_sm90's Gluon walk (BV 64) instead where its programs (N * HV * V / 64, twice as wide)
+# make one wave of more than one per SM, up to two (so BV 32's would make more than two), on walks of 4 chunks
+# or more. Whole calls on an H100 (us; the default, then the Triton walk / chunk_walk_sm90 / the transposed
+# walk, interleaved; programs of 64 columns):
+#   qwen3-next B=4 T=8192 (256): 736.9, 736.2 / 842.5 / 642.0; parity B=16 T=256 H=HV=8 (256, walks of 4
+#       chunks): 40.4, 40.0 / 42.5 / 36.6;
+#   fewer: parity B=8 T=512 H=HV=8 (128) 39.9, 48.3 / 39.9 / 38.9 (left to BV 32); B=4 T=1024 H=HV=4 (32)
+#       33.2, 39.6 / 40.1 / 47.4; qwen3-next B=1 (64): 0.50-0.60x of the default (one long chain per SM);
+#   more: parity B=32 T=128 (512) 43.3, 42.1 / 48.2 / 44.1; B=64 T=64 (1024) 50.7, 49.9 / 56.9 / 53.5.
+SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # The Gluon walk runs as a long walk (long_walk: each chunk's gates loaded one chunk ahead, its q, v and Ai tiles
 # two) on walks of this many chunks or more. Walk alone on an H100 (us, one chunk ahead -> gates ahead -> both):
 # B=1 T=4096 / 8192 / 32768 HV=32 116.6 -> 108.5 -> 105.0 / 225.7 -> 208.4 -> 200.6 / 890.1 -> 815.1 -> 786.7;
@@ -450,14 +466,20 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
                  segments: SegmentLayout | None = None) -> str:
-    """Which walk runs by default: "sm90" (chunk_walk_sm90, the output always fused in) where it runs, its
-    programs make one wave of two per SM that fills half the SMs or more, and the longest walk has
+    """Which walk runs by default, where the Gluon walks run (no segments; the output always fused in):
+    "sm90_transposed" (chunk_walk_transposed_sm90) where its programs make one wave of more than one and up to
+    two per SM and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks; "sm90" (chunk_walk_sm90)
+    where its programs make one wave of two per SM that fills half the SMs or more and the longest walk has
     SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
-    if segments is not None or layout.max_len < SM90_WALK_MIN_CHUNKS * CHUNK or \
-            chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
+    if segments is not None or chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
-    programs, sms = layout.N * HV * triton.cdiv(V, chunk_walk_sm90.BV), _sm_count(q.device)
-    return "sm90" if sms // 2 < programs <= 2 * sms else "triton"
+    walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
+    if sms < walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV) <= 2 * sms and \
+            chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS:
+        return "sm90_transposed"
+    if sms // 2 < walks * triton.cdiv(V, chunk_walk_sm90.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
+        return "sm90"
+    return "triton"
 
 
 def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
@@ -468,15 +490,15 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
     with walk="sm90". Raises ValueError for a walk that cannot run the call."""
     if walk is None:
         walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments)
-    if walk == "sm90":
-        why = chunk_walk_sm90.unsupported(q, V, qk_l2norm) or (
+    if walk in GLUON_WALKS:
+        why = GLUON_WALKS[walk].unsupported(q, V, qk_l2norm) or (
             "it walks whole sequences (no segments)" if segments is not None else
             "it always computes the output in the walk" if fuse_output is False else None)
         if why:
-            raise ValueError(f"walk='sm90' cannot run this call: {why}")
+            raise ValueError(f"walk={walk!r} cannot run this call: {why}")
         return walk, True
     if walk != "triton":
-        raise ValueError(f"walk must be 'triton' or 'sm90', got {walk!r}")
+        raise ValueError(f"walk must be one of {['triton', *GLUON_WALKS]}, got {walk!r}")
     K = q.shape[-1]
     return walk, fuse_output_default(layout, HV, K, segments) if fuse_output is None else fuse_output
 
@@ -516,8 +538,8 @@ def chunk_fused_gdn(
     same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
     pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
-    ``pipeline=True``); never with segments. walk: "triton", or "sm90" for the Gluon walk of chunk_walk_sm90
-    (Hopper; the output fused in, no segments); None: the default (``plan_walk``). prep: "triton", or "sm90"
+    ``pipeline=True``); never with segments. walk: "triton", or a Gluon walk for Hopper (the output fused in, no
+    segments): "sm90" (chunk_walk_sm90) or "sm90_transposed" (chunk_walk_transposed_sm90); None: the default (``plan_walk``). prep: "triton", or "sm90"
     for the Gluon prep kernel of chunk_prep_sm90 (Hopper; gates given, no in-kernel L2 norm); None: the default
     (``plan_prep``).
     """
@@ -536,7 +558,7 @@ def chunk_fused_gdn(
         _pipelined(x, pipeline, fuse, output_final_state, walk, prep)
     else:
         _prep(x, lay, prep)
-        if walk == "sm90":
+        if walk in GLUON_WALKS:
             _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk)
         else:
             _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
@@ -553,8 +575,8 @@ def _output_kernel(span: int):
 def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", prep: str = "triton") -> str:
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
     prep_str = chunk_prep_sm90.describe() if prep == "sm90" else f"prep[{_config_str(_chunk_prep_kernel)}]"
-    if walk == "sm90":
-        return f"{prep_str}, {chunk_walk_sm90.describe()}"
+    if walk in GLUON_WALKS:
+        return f"{prep_str}, {GLUON_WALKS[walk].describe()}"
     return f"{prep_str}, " + _describe(
         _state_kernel if fuse_output else None, fuse_output=fuse_output, output_kernel=_output_kernel(output_span),
         output_span=output_span)

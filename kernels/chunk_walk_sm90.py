@@ -140,6 +140,16 @@ if GLUON_MISSING is None:
         return S, O
 
     @gluon.jit
+    def _program_walk(seq_bounds, HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr):
+        """This program's walk: (sequence * HV + value head, value head, V-block, the sequence's first token, its
+        end, its chunks)."""
+        i_nh = gl.program_id(0) // (V // BV)
+        i_n = i_nh // HV
+        bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
+        eos = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32)
+        return i_nh, i_nh % HV, gl.program_id(0) % (V // BV), bos, eos, (eos - bos + BT - 1) // BT
+
+    @gluon.jit
     def _store_tile(O, row, col, o_s, o_desc):
         """O to the output tile at (row, col) by TMA, through o_s (once its previous tile has left)."""
         tma.store_wait(pendings=0)
@@ -152,20 +162,13 @@ if GLUON_MISSING is None:
                            H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                            BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            LONG_WALK: gl.constexpr):
-        NV: gl.constexpr = V // BV
         NB: gl.constexpr = 2 if LONG_WALK else 1  # q, v and Ai buffers
-        i_nh = gl.program_id(0) // NV
-        i_v = gl.program_id(0) % NV
-        i_n = i_nh // HV
-        i_h = i_nh % HV
-        bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
-        eos = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32)
-        NT = (eos - bos + BT - 1) // BT
+        i_nh, i_h, i_v, bos, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
         mma_v: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
         mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         rows_k = gl.arange(0, K, layout=gl.SliceLayout(1, mma_v))
         cols_v = gl.arange(0, BV, layout=gl.SliceLayout(0, mma_v))
-        h_off = (i_n * HV + i_h).to(gl.int64) * K * V + rows_k[:, None] * V + (i_v * BV + cols_v)[None, :]
+        h_off = i_nh.to(gl.int64) * K * V + rows_k[:, None] * V + (i_v * BV + cols_v)[None, :]
         if USE_H0:
             S = gl.load(h0 + h_off)
         else:
@@ -238,14 +241,21 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
     [B, T, HV, 128], gc [B*T, HV] fp32, Ai [B*T, HV, 64], all contiguous (see ``unsupported``).
     long_walk: load each chunk's gc one chunk ahead and its q, v and Ai tiles two (28 KB more shared memory; for
     long walks: ``chunk_fused._walk_with_output``)."""
+    launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk)
+
+
+def launch(kernel, bv: int, q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor,
+           h0: Tensor | None, ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
+    """A Gluon walk kernel (this module's or chunk_walk_transposed_sm90's, which take the same arguments) over
+    programs of bv value columns, one warpgroup each; the rest as ``fused_walk``."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
-             descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(Ai.view(tokens, HV * BT), [BT, BT]),
-             descriptor(out.view(tokens, HV * V), [BT, BV]))
-    _fused_walk_kernel[(N * HV * (V // BV),)](*descs, out, gc, h0, ht, seq_bounds, scale, H=H, HV=HV, K=K, V=V,
-                                              BV=BV, BT=BT, USE_H0=h0 is not None, STORE_HT=ht is not None,
-                                              LONG_WALK=long_walk, num_warps=WARPS)
+             descriptor(v.view(tokens, HV * V), [BT, bv]), descriptor(Ai.view(tokens, HV * BT), [BT, BT]),
+             descriptor(out.view(tokens, HV * V), [BT, bv]))
+    kernel[(N * HV * (V // bv),)](*descs, out, gc, h0, ht, seq_bounds, scale, H=H, HV=HV, K=K, V=V, BV=bv, BT=BT,
+                                  USE_H0=h0 is not None, STORE_HT=ht is not None, LONG_WALK=long_walk,
+                                  num_warps=WARPS)
 
 
 def describe() -> str:

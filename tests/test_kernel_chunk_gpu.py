@@ -103,12 +103,13 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("fuse_output,walk", [(False, "triton"), (True, "triton"), (True, "sm90")])
+@pytest.mark.parametrize("fuse_output,walk", [(False, "triton"), (True, "triton"), (True, "sm90"),
+                                               (True, "sm90_transposed")])
 def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monkeypatch):
     """chunk_fused's pipeline (groups of chunks of every sequence on their own streams, forked from and
     joined into the timed stream) captured and replayed as the harness times it: bitwise one call's
     results. Unequal sequences, so that later groups hold empty ranges; 5 groups, both hand-off buffers.
-    With the Gluon walk for Hopper too (walk "sm90"), whose groups end mid-chunk at a sequence's end.
+    With the Gluon walks for Hopper too, whose groups end mid-chunk at a sequence's end.
     One config per kernel, as written (at D = 128 no prune would reshape it): a group's tuning keys (its
     walk length, its chunks) differ from the call's, and so could its pruned configs."""
     from gdnbench_kernels import chunk, chunk_fused
@@ -122,13 +123,14 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
     kw, _ = kernel_inputs(gen, B=1, T=1000, H=2, HV=4, K=128, V=128, dtype="bf16", seqs=[620, 64, 316],
                           raw=False, l2=False, gate_norm=10.0)
     kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    if walk == "sm90" and chunk_fused.chunk_walk_sm90.unsupported(kw["q"], 128, False):
-        pytest.skip(chunk_fused.chunk_walk_sm90.unsupported(kw["q"], 128, False))
+    gluon = chunk_fused.GLUON_WALKS.get(walk)
+    if gluon and gluon.unsupported(kw["q"], 128, False):
+        pytest.skip(gluon.unsupported(kw["q"], 128, False))
     layout = chunk.ChunkLayout.build(1, 1000, kw["cu_seqlens"], DEVICE)
     span = 1 if fuse_output else 2
     results, launches = [], []
-    real_walk = chunk_fused.chunk_walk_sm90.fused_walk
-    monkeypatch.setattr(chunk_fused.chunk_walk_sm90, "fused_walk", lambda *a, **k: launches.append(a) or real_walk(*a, **k))
+    if gluon:
+        monkeypatch.setattr(gluon, "fused_walk", lambda *a, real=gluon.fused_walk, **k: launches.append(a) or real(*a, **k))
     for pipe in (None, chunk_fused.PipelineLayout.build(layout, 2)):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False,
                                            fuse_output=fuse_output, final_state=True, output_span=span,

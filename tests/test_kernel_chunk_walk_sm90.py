@@ -1,7 +1,7 @@
-"""gdnbench_kernels.chunk_walk_sm90, chunk_fused's Gluon walk for Hopper.
+"""chunk_fused's Gluon walks for Hopper: gdnbench_kernels.chunk_walk_sm90 and chunk_walk_transposed_sm90.
 
-Gluon has no interpreter: on a CPU the kernel is compiled for sm_90 and chunk_fused's choice of walk is
-checked; on an sm_90 GPU its outputs and final states are compared with the fp64 recurrence and with the
+Gluon has no interpreter: on a CPU the kernels are compiled for sm_90 and chunk_fused's choice of walk is
+checked; on an sm_90 GPU their outputs and final states are compared with the fp64 recurrence and with the
 Triton walk, replayed from a CUDA graph as the harness times it, on NaN-poisoned outputs.
 """
 
@@ -22,10 +22,13 @@ def _sm90() -> bool:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("dtype,long_walk", [("bf16", False), ("bf16", True), ("fp16", False)])
-def test_walk_compiles_for_sm90_in_two_programs_per_sm(dtype, long_walk):
-    from gdnbench_kernels import chunk_walk_sm90 as walk
+@pytest.mark.parametrize("name", ["sm90", "sm90_transposed"])
+def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, dtype, long_walk):
+    from gdnbench_kernels.chunk_fused import GLUON_WALKS
+    from gdnbench_kernels.gluon_hopper import GLUON_MISSING
 
-    if walk.GLUON_MISSING:
+    walk = GLUON_WALKS[name]
+    if GLUON_MISSING:
         pytest.skip(walk.GLUON_MISSING)
     from triton.experimental.gluon import language as gl
 
@@ -36,7 +39,8 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(dtype, long_walk):
                o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
                scale="fp32", **{name: "constexpr" for name in const})
     compiled = compile_sm90(walk._fused_walk_kernel, sig, const, interpreted=False, num_warps=walk.WARPS)
-    # the walk is latency bound: a second program per SM is what hides it (228 KB of shared memory per SM)
+    # the walk is latency bound: a second program per SM is what hides it (228 KB of shared memory per SM,
+    # 1 KB of it reserved per program; registers, at most 255 for one warpgroup, always leave room for two)
     assert compiled.metadata.shared <= 113 * 1024
 
 
@@ -62,11 +66,15 @@ def test_walk_choice_and_its_errors():
     (8, 512, 8, "sm90", None),  # 256 programs: one wave of two per SM
     (8, 448, 8, "triton", None),  # walks of 7 chunks: shorter than measured
     (4, 1024, 4, "triton", 64),  # 64 programs: under half the SMs (the Triton path's output pass wins)
-    (16, 256, 8, "triton", None),  # 512: two waves
-    (4, 8192, 32, "triton", None),
+    (16, 256, 8, "sm90_transposed", None),  # 512 at BV 32, 256 at BV 64: one wave of two per SM
+    (4, 8192, 32, "sm90_transposed", None),
+    (16, 192, 8, "triton", None),  # walks of 3 chunks: shorter than measured
+    (32, 128, 8, "triton", None),  # 512 programs at BV 64: two waves
+    (2, 8192, 32, "sm90", None),  # 128 at BV 64: one per SM, where two of BV 32 do better
 ])
 def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
-    """walk_default and pipeline_default on an H100's 132 SMs, with the device's answers faked on a CPU."""
+    """walk_default and pipeline_default on an H100's 132 SMs, with the device's answers faked on a CPU
+    (both Gluon walks share chunk_walk_sm90.unsupported)."""
     from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
 
     monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
@@ -141,7 +149,8 @@ GPU_CASES = [
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype,seqs,H,HV,h0,final", GPU_CASES)
-def test_sm90_walk_under_graph_replay(dtype, seqs, H, HV, h0, final):
+@pytest.mark.parametrize("gluon_walk", ["sm90", "sm90_transposed"])
+def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final):
     from gdnbench_kernels import chunk, chunk_fused
 
     dev = torch.device("cuda")
@@ -155,7 +164,7 @@ def test_sm90_walk_under_graph_replay(dtype, seqs, H, HV, h0, final):
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(B, T, kw.get("cu_seqlens"), dev)
     results = {}
-    for walk in ("sm90", "triton"):
+    for walk in (gluon_walk, "triton"):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
                                            final_state=final)
         if final:
@@ -174,7 +183,7 @@ def test_sm90_walk_under_graph_replay(dtype, seqs, H, HV, h0, final):
     o_ref, final_ref = gdn_recurrent(cpu["q"], cpu["k"], cpu["v"], cpu["g"], cpu["beta"], scale=cpu["scale"],
                                      initial_state=cpu.get("initial_state"), cu_seqlens=cpu.get("cu_seqlens"),
                                      compute_dtype=torch.float64)
-    (o, f), (o_tri, f_tri) = results["sm90"], results["triton"]
+    (o, f), (o_tri, f_tri) = results[gluon_walk], results["triton"]
     pairs = [(o, o_ref, 1e-2), (o, o_tri, 1e-3)] + ([(f, final_ref, 1e-2), (f, f_tri, 1e-3)] if final else [])
     for got, ref, tol in pairs:
         assert torch.isfinite(got).all()

@@ -11,8 +11,8 @@
                pass and with the output folded in, and with warm-up segments (``warm_up``, the output always
                folded in);
   walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
-               (with the default output rule, and with the output fused in) and the Gluon walk for Hopper
-               (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks);
+               (with the default output rule, and with the output fused in) and the Gluon walks for Hopper
+               (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``);
   pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
                output pass, or the walk with the output fused in, group by group on their own streams)
                at several group sizes; the output is fused in or not by the kernel's default rule.
@@ -136,11 +136,13 @@ def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes:
 
 def sweep_walk(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     _sweep_variants(suite, pattern, device,
-                    ["default", "triton", "triton fused", "sm90"] + [f"sm90 groups of {c}" for c in sizes],
+                    ["default", "triton", "triton fused", "sm90", "sm90_transposed"] +
+                    [f"sm90 groups of {c}" for c in sizes],
                     lambda p: [_prepare(p, fused=True),
                                _prepare(p, fused=True, walk="triton"),
                                _prepare(p, fused=True, walk="triton", fuse_output=True),
-                               _prepare(p, fused=True, walk="sm90", pipeline_chunks=0)] +
+                               _prepare(p, fused=True, walk="sm90", pipeline_chunks=0),
+                               _prepare(p, fused=True, walk="sm90_transposed", pipeline_chunks=0)] +
                     [_prepare(p, fused=True, walk="sm90", pipeline_chunks=c) for c in sizes])
 
 
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                         ("fuse-output", "output pass vs output folded into the state pass"),
                         ("segments", "the sequential state pass vs the chunk-parallel one"),
                         ("pipeline", "one call vs prep, walk and output pass overlapped group by group"),
-                        ("walk", "the Triton walk vs the Gluon one for Hopper, the output fused in")):
+                        ("walk", "the Triton walk vs the Gluon ones for Hopper, the output fused in")):
         cmd = sub.add_parser(name, help=help_)
         add_case_arguments(cmd)
         if name == "configs":

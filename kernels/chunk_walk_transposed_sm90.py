@@ -1,0 +1,210 @@
+"""``chunk_fused``'s walk with the output fused in, for Hopper (sm_90), in Gluon, with the state transposed.
+
+The math of ``chunk_walk_sm90`` (and of ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT), computed on
+transposed tiles: one program per (sequence, value head, V-block of 64 columns) keeps S^T [64, K] in registers,
+so that the state itself is the register A operand of K S and Q S, and the key and query tiles are read from
+shared memory once per 64 value columns instead of once per 32. Per chunk:
+
+    (K S)^T and (Q S)^T = S^T k^T and S^T q^T             issued together
+    X^T = V^T - (K S)^T o exp(gc),  v_new^T = X^T Ai^T     (A operands from registers)
+    S^T <- exp(gc_last) S^T + (v_new decayed to the chunk's end)^T k       } issued together with the next
+    O^T = (Q S)^T o exp(gc) + v_new^T P^T                                   } chunk's scores K Q^T
+
+P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j goes to shared memory, as the B operand of the output. The
+output is stored while the next chunk's scores finish. Tiles arrive by TMA: q and k two chunks ahead, v and Ai
+one, or on long walks two (``long_walk``).
+
+Why a second Gluon walk: its programs are twice as wide as ``chunk_walk_sm90``'s (BV 64 in one warpgroup, 255
+registers; the untransposed kernel spills there), which pays where 64-column programs fill the GPU one wave of
+up to two per SM (``chunk_fused.walk_default``, with the measurements): whole calls 1.15x at qwen3-next B=4
+T=8192 and 1.09x at parity B=16 T=256 on an H100. With one program per SM its longer chain per chunk loses to
+``chunk_walk_sm90``'s two narrow ones.
+
+Envelope and short last chunks as ``chunk_walk_sm90``'s (its ``unsupported``): a short last chunk's columns
+past the sequence end hold the next sequence's tokens, which X, v_new and the masked output store drop.
+Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU tests run it.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from .chunk_walk_sm90 import launch, unsupported
+from .gluon_hopper import GLUON_MISSING
+
+if GLUON_MISSING is None:
+    from .chunk_walk_sm90 import _fetch, _program_walk
+    from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_store,
+                               warpgroup_mma, warpgroup_mma_wait)
+
+__all__ = ["fused_walk", "unsupported", "BV", "describe"]
+
+BT = 64  # tokens per chunk (chunk.CHUNK)
+BV = 64  # value columns per program: the M of every product but the scores
+WARPS = 4  # one warpgroup
+
+
+if GLUON_MISSING is None:
+    @gluon.jit
+    def _gates(gc, tok, eos, i_h, HV: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+        """gc of the chunk starting at token tok, tokens along columns and along rows of mma tiles, and at its
+        last token; tokens past eos read the last one."""
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        last = gl.minimum(tok + BT, eos) - 1
+        return (gl.load(gc + gl.minimum(tok + c, last) * HV + i_h),
+                gl.load(gc + gl.minimum(tok + r, last) * HV + i_h), gl.load(gc + last * HV + i_h))
+
+    @gluon.jit
+    def _scores_issue(t, k_s, q_s, bars, BT: gl.constexpr, NB: gl.constexpr, mma: gl.constexpr):
+        """Chunk t's K Q^T ([j, i] = k_j . q_i), in flight."""
+        mbarrier.wait(bars.index(2 * NB + 2 + t % 2), (t // 2) & 1)
+        mbarrier.wait(bars.index(t % 2), (t // 2) & 1)
+        return warpgroup_mma(k_s.index(t % 2), q_s.index(t % 2).permute((1, 0)),
+                             gl.zeros([BT, BT], gl.float32, mma), use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _scores_store(PT, gates, p_s, BT: gl.constexpr, mma: gl.constexpr):
+        """p_s <- P^T: K Q^T [j, i] times exp(gc_i - gc_j) where i >= j, else 0."""
+        gc_c, gc_r, _ = gates
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        P = PT * exp(gl.where(c[None, :] >= r[:, None], gc_c[None, :] - gc_r[:, None], float("-inf")))
+        p_s.store(P.to(p_s.dtype))
+        fence_async_shared()
+
+    @gluon.jit
+    def _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc, ai_desc, i_h, col_k,
+                     col_v, BV: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr, NB: gl.constexpr):
+        """Chunk t up to v_new; refills q, v and Ai. Returns v_new^T and v_new^T decayed to the chunk's end (A
+        operands) and (Q S)^T o exp(gc), the output's accumulator."""
+        dt: gl.constexpr = q_desc.dtype
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        tok = bos + t * BT
+        gc_c, _, gc_last = gates
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        valid = (tok + c < eos)[None, :]
+        Sa = gl.convert_layout(S.to(dt), a_op)
+        zero = gl.zeros([BV, BT], gl.float32, mma)
+        KS = warpgroup_mma(Sa, k_s.index(t % 2).permute((1, 0)), zero, use_acc=False, is_async=True)
+        QS = warpgroup_mma(Sa, q_s.index(t % 2).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # both waited here: Sa's registers are free for the rest of the chunk (255 without spills)
+        KS, QS, Sa = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, Sa))
+        _fetch(q_desc, tok + 2 * BT, col_k, bars.index(t % 2), q_s.index(t % 2), t + 2 < NT)
+        b = t % NB  # this chunk's v and Ai buffers, and their barriers' phase
+        ph = (t // NB) & 1
+        mbarrier.wait(bars.index(2 + b), ph)
+        X = gl.where(valid, v_s.index(b).permute((1, 0)).load(mma).to(gl.float32) - exp(gc_c)[None, :] * KS, 0.0)
+        Xa = gl.convert_layout(X.to(dt), a_op)
+        mbarrier.wait(bars.index(2 + NB + b), ph)
+        VN = warpgroup_mma(Xa, ai_s.index(b).permute((1, 0)), zero, use_acc=False, is_async=True)
+        VN, Xa = warpgroup_mma_wait(num_outstanding=0, deps=(VN, Xa))
+        cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
+        more = t + NB < NT
+        _fetch(v_desc, tok + NB * BT, col_v, bars.index(2 + b), v_s.index(b), more)
+        _fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 + NB + b), ai_s.index(b), more)
+        VN = gl.where(valid, VN, 0.0)
+        vn_a = gl.convert_layout(VN.to(dt), a_op)
+        vnd_a = gl.convert_layout((VN * exp(gc_last - gc_c)[None, :]).to(dt), a_op)
+        return vn_a, vnd_a, QS * exp(gc_c)[None, :]
+
+    @gluon.jit
+    def _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s, bars, k_desc,
+                    o_desc, o, col_k, col_v, scale, HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                    BT: gl.constexpr, NB: gl.constexpr, mma: gl.constexpr, LAST: gl.constexpr):
+        """Chunk t's state update and output, issued with the next chunk's scores (the last chunk's again after
+        it: its tiles are still there, and no branch splits an accumulator); stores the output, refills k, and
+        stores the next chunk's scores. LAST: the last chunk, which may be short. Returns (S, the next chunk's
+        gates)."""
+        k_cur = k_s.index(t % 2)
+        S = warpgroup_mma(vnd_a, k_cur, S * exp(gates[2]), is_async=True)
+        O = warpgroup_mma(vn_a, p_s, QSd, is_async=True)
+        tok = bos + t * BT
+        nxt = _gates(gc, tok + BT, eos, i_h, HV, BT, mma)
+        PT = _scores_issue(gl.minimum(t + 1, NT - 1), k_s, q_s, bars, BT, NB, mma)
+        S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=1, deps=(S, O, vn_a, vnd_a))
+        _fetch(k_desc, tok + 2 * BT, col_k, bars.index(2 * NB + 2 + t % 2), k_cur, t + 2 < NT)
+        O = O * scale
+        if not LAST or tok + BT <= eos:
+            tma.store_wait(pendings=0)
+            o_s.permute((1, 0)).store(O.to(o_s.dtype))
+            fence_async_shared()
+            tma_store(o_desc, [tok, col_v], o_s)
+        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+            r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
+            ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
+            gl.store(ptrs, O.to(o_s.dtype), mask=(tok + c < eos)[None, :])
+        PT = warpgroup_mma_wait(num_outstanding=0, deps=(PT, ))
+        _scores_store(PT, nxt, p_s, BT, mma)
+        return S, nxt
+
+    @gluon.jit
+    def _state_offsets(i_nh, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, mma_s: gl.constexpr):
+        """Offsets of the program's S^T [BV, K] in h0 / ht [N, HV, K, V]."""
+        r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma_s))
+        c = gl.arange(0, K, layout=gl.SliceLayout(0, mma_s))
+        return i_nh.to(gl.int64) * K * V + c[None, :] * V + (i_v * BV + r)[:, None]
+
+    @gluon.jit
+    def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale,
+                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                           BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                           LONG_WALK: gl.constexpr):
+        NB: gl.constexpr = 2 if LONG_WALK else 1  # v and Ai buffers (q and k: 2)
+        i_nh, i_h, i_v, bos, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+        if USE_H0:
+            S = gl.load(h0 + _state_offsets(i_nh, i_v, K, V, BV, mma_s))
+        else:
+            S = gl.zeros([BV, K], gl.float32, mma_s)
+        dt: gl.constexpr = q_desc.dtype
+        q_s = gl.allocate_shared_memory(dt, [2, BT, K], q_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [2, BT, K], k_desc.layout)
+        v_s = gl.allocate_shared_memory(dt, [NB, BT, BV], v_desc.layout)
+        ai_s = gl.allocate_shared_memory(dt, [NB, BT, BT], ai_desc.layout)
+        p_s = gl.allocate_shared_memory(dt, [BT, BT], ai_desc.layout)
+        o_s = gl.allocate_shared_memory(dt, [BT, BV], o_desc.layout)
+        # q: 2, v and Ai: NB each, k: 2
+        bars = gl.allocate_shared_memory(gl.int64, [2 * NB + 4, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2 * NB + 4):
+            mbarrier.init(bars.index(i), count=1)
+        if NT > 0:  # an empty sequence (varlen) keeps h0
+            col_v = i_h * V + i_v * BV
+            col_k = (i_h // (HV // H)) * K
+            for i in gl.static_range(2):
+                _fetch(q_desc, bos + i * BT, col_k, bars.index(i), q_s.index(i), NT > i)
+                _fetch(k_desc, bos + i * BT, col_k, bars.index(2 * NB + 2 + i), k_s.index(i), NT > i)
+            for i in gl.static_range(NB):
+                _fetch(v_desc, bos + i * BT, col_v, bars.index(2 + i), v_s.index(i), NT > i)
+                _fetch(ai_desc, bos + i * BT, i_h * BT, bars.index(2 + NB + i), ai_s.index(i), NT > i)
+            gates = _gates(gc, bos, eos, i_h, HV, BT, mma)
+            PT = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_issue(0, k_s, q_s, bars, BT, NB, mma), ))
+            _scores_store(PT, gates, p_s, BT, mma)
+            for t in range(0, NT - 1):
+                vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
+                                                ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
+                S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
+                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False)
+            vn_a, vnd_a, QSd = _chunk_front(NT - 1, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
+                                            ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
+            S, gates = _chunk_back(NT - 1, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
+                                   bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, True)
+            tma.store_wait(pendings=0)
+        for i in gl.static_range(2 * NB + 4):
+            mbarrier.invalidate(bars.index(i))
+        if STORE_HT:  # offsets computed anew (+ min(NT, 0) = 0): kept from the start, they spill the walk
+            gl.store(ht + _state_offsets(i_nh + gl.minimum(NT, 0), i_v, K, V, BV, mma_s), S)
+
+
+def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
+               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
+    """``chunk_walk_sm90.fused_walk``'s call and result. long_walk: v and Ai tiles two chunks ahead (16 KB
+    more shared memory)."""
+    launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk)
+
+
+def describe() -> str:
+    """The walk's settings, for a result row's path."""
+    return f"gluon sm90 transposed walk BV={BV} w{WARPS} (async wgmma, TMA)"
