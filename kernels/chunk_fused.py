@@ -31,7 +31,8 @@ On Hopper (sm_90), where a walk's programs make one wave, the walk with the outp
 kernel instead (``chunk_walk_sm90``, ``walk="sm90"``; default: see SM90_WALK_MIN_CHUNKS): it issues the
 chunk's independent products together, where Triton waits for each. 1.13-1.25x on qwen3-next B=1. Where
 programs twice as wide fill the GPU, the Gluon walk with the state transposed (``chunk_walk_transposed_sm90``,
-``walk="sm90_transposed"``): 1.15x at qwen3-next B=4 T=8192, 1.09x at parity B=16 T=256.
+``walk="sm90_transposed"``): 1.15x at qwen3-next B=4 T=8192, 1.09x at parity B=16 T=256; it also walks
+warm-up segments (below), 1.12-1.26x over the Triton walk where they are the default.
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -253,12 +254,16 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
 GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
 
 
-def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str) -> None:
+def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str,
+                      segments: SegmentLayout | None = None) -> None:
     """The state pass with the output fused in, over the sequences of ``over`` from h0 (or zero), final states
-    to ht (or not stored): the Triton walk or a Gluon one (``GLUON_WALKS[walk]``)."""
+    to ht (or not stored): the Triton walk or a Gluon one (``GLUON_WALKS[walk]``), over warm-up segments of
+    ``over`` where given (a Gluon walk with TAKES_WARM_UP_SEGMENTS)."""
     if walk in GLUON_WALKS:
+        walked = over if segments is None else segments.layout
         GLUON_WALKS[walk].fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
-                                   long_walk=over.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK)
+                                     long_walk=walked.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK,
+                                     **({} if segments is None else dict(segments=segments)))
     else:
         _state_pass(x, _state_kernel, over, h0, ht, fuse=True)
 
@@ -406,6 +411,18 @@ SM90_WALK_MIN_CHUNKS = 8
 #       33.2, 39.6 / 40.1 / 47.4; qwen3-next B=1 (64): 0.50-0.60x of the default (one long chain per SM);
 #   more: parity B=32 T=128 (512) 43.3, 42.1 / 48.2 / 44.1; B=64 T=64 (1024) 50.7, 49.9 / 56.9 / 53.5.
 SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
+# Over warm-up segments (where warm_up_default cuts the walks) the transposed walk runs by default too, over the
+# same segments: their sizes put its programs at about two per SM. Whole calls on an H100 (us; the default then
+# (the Triton walk over warm-up segments) -> the transposed walk over warm-up segments of 16 / 32 / 64 / 128
+# chunks; * the default's size), interleaved:
+#   qwen3-next B=1 T=4096 114.0 -> 99.3* / 127.4 / 189.8 / 191.6; T=8192 204.1 -> 186.0 / 180.0* / 232.9 / 358.2;
+#       T=16384 371.8 -> 347.7 / 336.6 / 331.3* / 438.1; T=32768 741.8 -> 680.0 / 661.0 / 643.0* / 648.8;
+#       T=65536 1470.9 -> 1348.5 / 1301.9 / 1268.1* / 1268.1;
+#   long-prefill varlen N=2 T=32768 740.9 -> 682.5 / 664.4 / 646.0* / 640.8, N=4 T=32768 766.0 -> 674.4 / 678.6
+#       / 665.9* / 709.7, N=3 T=16384 390.9 -> 354.4 / 341.3 / 338.4* / 476.9, B=2 T=16384 HV=16 404.6 -> 368.9 /
+#       356.7 / 348.0* / 439.2, B=2 T=8192 HV=16 210.9 -> 193.5 / 184.9* / 227.9 / 340.4;
+#   parity, segments of 4*: B=4 T=1024 H=HV=4 32.4 -> 28.5, B=2 T=1500 H=HV=4 gate_norm 10 46.8 -> 37.2, varlen
+#       N=32 T=4096 36.8 -> 34.1.
 # The Gluon walk runs as a long walk (long_walk: each chunk's gates loaded one chunk ahead, its q, v and Ai tiles
 # two) on walks of this many chunks or more. Walk alone on an H100 (us, one chunk ahead -> gates ahead -> both):
 # B=1 T=4096 / 8192 / 32768 HV=32 116.6 -> 108.5 -> 105.0 / 225.7 -> 208.4 -> 200.6 / 890.1 -> 815.1 -> 786.7;
@@ -466,13 +483,15 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
                  segments: SegmentLayout | None = None) -> str:
-    """Which walk runs by default, where the Gluon walks run (no segments; the output always fused in):
-    "sm90_transposed" (chunk_walk_transposed_sm90) where its programs make one wave of more than one and up to
-    two per SM and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks; "sm90" (chunk_walk_sm90)
-    where its programs make one wave of two per SM that fills half the SMs or more and the longest walk has
-    SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
-    if segments is not None or chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
+    """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
+    "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
+    make one wave of more than one and up to two per SM and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS
+    chunks, or "sm90" (chunk_walk_sm90) where its programs make one wave of two per SM that fills half the SMs
+    or more and the longest walk has SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
+    if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
+    if segments is not None:
+        return "sm90_transposed" if segments.warm_up else "triton"
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     if sms < walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV) <= 2 * sms and \
             chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS:
@@ -491,8 +510,11 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
     if walk is None:
         walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments)
     if walk in GLUON_WALKS:
-        why = GLUON_WALKS[walk].unsupported(q, V, qk_l2norm) or (
-            "it walks whole sequences (no segments)" if segments is not None else
+        module = GLUON_WALKS[walk]
+        why = module.unsupported(q, V, qk_l2norm) or (
+            ("it walks whole sequences or warm-up segments" if module.TAKES_WARM_UP_SEGMENTS else
+             "it walks whole sequences (no segments)")
+            if segments is not None and not (segments.warm_up and module.TAKES_WARM_UP_SEGMENTS) else
             "it always computes the output in the walk" if fuse_output is False else None)
         if why:
             raise ValueError(f"walk={walk!r} cannot run this call: {why}")
@@ -538,8 +560,9 @@ def chunk_fused_gdn(
     same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
     pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
-    ``pipeline=True``); never with segments. walk: "triton", or a Gluon walk for Hopper (the output fused in, no
-    segments): "sm90" (chunk_walk_sm90) or "sm90_transposed" (chunk_walk_transposed_sm90); None: the default (``plan_walk``). prep: "triton", or "sm90"
+    ``pipeline=True``); never with segments. walk: "triton", or a Gluon walk for Hopper (the output fused in):
+    "sm90" (chunk_walk_sm90, no segments) or "sm90_transposed" (chunk_walk_transposed_sm90, also over warm-up
+    segments); None: the default (``plan_walk``). prep: "triton", or "sm90"
     for the Gluon prep kernel of chunk_prep_sm90 (Hopper; gates given, no in-kernel L2 norm); None: the default
     (``plan_prep``).
     """
@@ -559,7 +582,7 @@ def chunk_fused_gdn(
     else:
         _prep(x, lay, prep)
         if walk in GLUON_WALKS:
-            _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk)
+            _walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk, segments)
         else:
             _state_and_output(x, _state_kernel if fuse else _chunk_state_kernel, fuse_output=fuse,
                               output_final_state=output_final_state, segments=segments,

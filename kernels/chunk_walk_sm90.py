@@ -44,6 +44,7 @@ __all__ = ["fused_walk", "unsupported", "BV", "describe"]
 BT = 64  # tokens per chunk (chunk.CHUNK)
 BV = 32  # value columns per program (see the module docstring)
 WARPS = 4  # one warpgroup
+TAKES_WARM_UP_SEGMENTS = False  # whole sequences only
 
 
 if GLUON_MISSING is None:
@@ -245,16 +246,17 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
 
 
 def launch(kernel, bv: int, q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor,
-           h0: Tensor | None, ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
-    """A Gluon walk kernel (this module's or chunk_walk_transposed_sm90's, which take the same arguments) over
-    programs of bv value columns, one warpgroup each; the rest as ``fused_walk``."""
+           h0: Tensor | None, ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
+           **extra) -> None:
+    """A Gluon walk kernel (this module's or chunk_walk_transposed_sm90's, which take the same arguments, and
+    ``extra``) over programs of bv value columns, one warpgroup each; the rest as ``fused_walk``."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, bv]), descriptor(Ai.view(tokens, HV * BT), [BT, BT]),
              descriptor(out.view(tokens, HV * V), [BT, bv]))
-    kernel[(N * HV * (V // bv),)](*descs, out, gc, h0, ht, seq_bounds, scale, H=H, HV=HV, K=K, V=V, BV=bv, BT=BT,
-                                  USE_H0=h0 is not None, STORE_HT=ht is not None, LONG_WALK=long_walk,
+    kernel[(N * HV * (V // bv),)](*descs, out, gc, h0, ht, seq_bounds, scale, **extra, H=H, HV=HV, K=K, V=V, BV=bv,
+                                  BT=BT, USE_H0=h0 is not None, STORE_HT=ht is not None, LONG_WALK=long_walk,
                                   num_warps=WARPS)
 
 

@@ -18,7 +18,10 @@ Why a second Gluon walk: its programs are twice as wide as ``chunk_walk_sm90``'s
 registers; the untransposed kernel spills there), which pays where 64-column programs fill the GPU one wave of
 up to two per SM (``chunk_fused.walk_default``, with the measurements): whole calls 1.15x at qwen3-next B=4
 T=8192 and 1.09x at parity B=16 T=256 on an H100. With one program per SM its longer chain per chunk loses to
-``chunk_walk_sm90``'s two narrow ones.
+``chunk_walk_sm90``'s two narrow ones. It also walks warm-up segments (``chunk.SegmentLayout`` with warm_up: each
+segment first walks a few chunks before it, state only, as ``chunk._chunk_state_fn`` with SEGMENT 3), whose
+sizes give it about two programs per SM: 1.12-1.26x over the Triton walk on the same segments (qwen3-next
+B=1, long-prefill, parity's few long walks; H100).
 
 Envelope and short last chunks as ``chunk_walk_sm90``'s (its ``unsupported``): a short last chunk's columns
 past the sequence end hold the next sequence's tokens, which X, v_new and the masked output store drop.
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .chunk import WARM_UP_LOG_DECAY, SegmentLayout
 from .chunk_walk_sm90 import launch, unsupported
 from .gluon_hopper import GLUON_MISSING
 
@@ -42,9 +46,12 @@ __all__ = ["fused_walk", "unsupported", "BV", "describe"]
 BT = 64  # tokens per chunk (chunk.CHUNK)
 BV = 64  # value columns per program: the M of every product but the scores
 WARPS = 4  # one warpgroup
+TAKES_WARM_UP_SEGMENTS = True  # fused_walk(segments=...)
 
 
 if GLUON_MISSING is None:
+    _WARM_UP_LOG_DECAY = gl.constexpr(WARM_UP_LOG_DECAY)
+
     @gluon.jit
     def _gates(gc, tok, eos, i_h, HV: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
         """gc of the chunk starting at token tok, tokens along columns and along rows of mma tiles, and at its
@@ -111,11 +118,12 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s, bars, k_desc,
                     o_desc, o, col_k, col_v, scale, HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
-                    BT: gl.constexpr, NB: gl.constexpr, mma: gl.constexpr, LAST: gl.constexpr):
+                    BT: gl.constexpr, NB: gl.constexpr, mma: gl.constexpr, LAST: gl.constexpr,
+                    STORE_O: gl.constexpr):
         """Chunk t's state update and output, issued with the next chunk's scores (the last chunk's again after
-        it: its tiles are still there, and no branch splits an accumulator); stores the output, refills k, and
-        stores the next chunk's scores. LAST: the last chunk, which may be short. Returns (S, the next chunk's
-        gates)."""
+        it: its tiles are still there, and no branch splits an accumulator); stores the output (STORE_O: not
+        a warm-up chunk's), refills k, and stores the next chunk's scores. LAST: the last chunk,
+        which may be short. Returns (S, the next chunk's gates)."""
         k_cur = k_s.index(t % 2)
         S = warpgroup_mma(vnd_a, k_cur, S * exp(gates[2]), is_async=True)
         O = warpgroup_mma(vn_a, p_s, QSd, is_async=True)
@@ -125,16 +133,17 @@ if GLUON_MISSING is None:
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=1, deps=(S, O, vn_a, vnd_a))
         _fetch(k_desc, tok + 2 * BT, col_k, bars.index(2 * NB + 2 + t % 2), k_cur, t + 2 < NT)
         O = O * scale
-        if not LAST or tok + BT <= eos:
-            tma.store_wait(pendings=0)
-            o_s.permute((1, 0)).store(O.to(o_s.dtype))
-            fence_async_shared()
-            tma_store(o_desc, [tok, col_v], o_s)
-        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
-            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-            r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
-            ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
-            gl.store(ptrs, O.to(o_s.dtype), mask=(tok + c < eos)[None, :])
+        if STORE_O:
+            if not LAST or tok + BT <= eos:
+                tma.store_wait(pendings=0)
+                o_s.permute((1, 0)).store(O.to(o_s.dtype))
+                fence_async_shared()
+                tma_store(o_desc, [tok, col_v], o_s)
+            else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+                c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+                r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
+                ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
+                gl.store(ptrs, O.to(o_s.dtype), mask=(tok + c < eos)[None, :])
         PT = warpgroup_mma_wait(num_outstanding=0, deps=(PT, ))
         _scores_store(PT, nxt, p_s, BT, mma)
         return S, nxt
@@ -147,16 +156,44 @@ if GLUON_MISSING is None:
         return i_nh.to(gl.int64) * K * V + c[None, :] * V + (i_v * BV + r)[:, None]
 
     @gluon.jit
-    def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale,
-                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
-                           BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
-                           LONG_WALK: gl.constexpr):
+    def _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV: gl.constexpr, WARM_UP: gl.constexpr):
+        """(the walk's state's row in h0 / ht, the token from which a walk starts from h0, whether it ends with
+        ht): a warm-up segment (chunk.SegmentLayout.warm_up) takes its sequence's h0 where its walk starts at
+        the sequence's start, and stores its ht where it ends the sequence; a whole sequence, both always."""
+        if WARM_UP:
+            i_seq = gl.load(seg_parent + i_nh // HV)
+            return (i_seq * HV + i_h, gl.load(parent_bounds + 2 * i_seq).to(gl.int32),
+                    eos == gl.load(parent_bounds + 2 * i_seq + 1).to(gl.int32))
+        else:
+            return i_nh, first, True
+
+    @gluon.jit
+    def _warm_up_start(gc, bos, seq_bos, i_h, HV: gl.constexpr, BT: gl.constexpr):
+        """Where a warm-up segment starting at bos starts walking: as many whole chunks back as their summed
+        log decay needs to reach WARM_UP_LOG_DECAY, or its sequence's start."""
+        start = bos
+        log_decay = 0.0
+        while (start > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):
+            start -= BT
+            log_decay += gl.load(gc + (start + BT - 1) * HV + i_h)
+        return start
+
+    @gluon.jit
+    def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale, seg_parent,
+                           parent_bounds, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                           BV: gl.constexpr, BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+                           LONG_WALK: gl.constexpr, WARM_UP: gl.constexpr):
         NB: gl.constexpr = 2 if LONG_WALK else 1  # v and Ai buffers (q and k: 2)
-        i_nh, i_h, i_v, bos, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
+        i_nh, i_h, i_v, first, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+        i_state, from_h0, _ = _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV, WARM_UP)
+        bos = first
+        if WARM_UP:  # from a few chunks before the segment
+            bos = _warm_up_start(gc, first, gl.load(parent_bounds + 2 * gl.load(seg_parent + i_nh // HV)), i_h, HV, BT)
+            NT = (eos - bos + BT - 1) // BT
         if USE_H0:
-            S = gl.load(h0 + _state_offsets(i_nh, i_v, K, V, BV, mma_s))
+            S = gl.where(bos == from_h0, gl.load(h0 + _state_offsets(i_state, i_v, K, V, BV, mma_s)), 0.0)
         else:
             S = gl.zeros([BV, K], gl.float32, mma_s)
         dt: gl.constexpr = q_desc.dtype
@@ -182,27 +219,43 @@ if GLUON_MISSING is None:
             gates = _gates(gc, bos, eos, i_h, HV, BT, mma)
             PT = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_issue(0, k_s, q_s, bars, BT, NB, mma), ))
             _scores_store(PT, gates, p_s, BT, mma)
-            for t in range(0, NT - 1):
+            warm_up_chunks = (first - bos) // BT
+            for t in range(0, warm_up_chunks):  # state only (a loop of its own: no more registers in the other)
                 vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
                                                 ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
                 S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False)
+                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False, False)
+            for t in range(warm_up_chunks, NT - 1):
+                vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
+                                                ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
+                S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
+                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False, True)
             vn_a, vnd_a, QSd = _chunk_front(NT - 1, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
                                             ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
             S, gates = _chunk_back(NT - 1, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                   bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, True)
+                                   bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, True, True)
             tma.store_wait(pendings=0)
         for i in gl.static_range(2 * NB + 4):
             mbarrier.invalidate(bars.index(i))
-        if STORE_HT:  # offsets computed anew (+ min(NT, 0) = 0): kept from the start, they spill the walk
-            gl.store(ht + _state_offsets(i_nh + gl.minimum(NT, 0), i_v, K, V, BV, mma_s), S)
+        if STORE_HT:  # computed anew (+ min(NT, 0) = 0): kept from the start, these spill the walk
+            i_state, _, to_ht = _state_of_walk(i_nh + gl.minimum(NT, 0), i_h, first, eos, seg_parent, parent_bounds, HV,
+                                               WARM_UP)
+            if to_ht:
+                gl.store(ht + _state_offsets(i_state, i_v, K, V, BV, mma_s), S)
 
 
 def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
-               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
+               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
+               segments: SegmentLayout | None = None) -> None:
     """``chunk_walk_sm90.fused_walk``'s call and result. long_walk: v and Ai tiles two chunks ahead (16 KB
-    more shared memory)."""
-    launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk)
+    more shared memory). segments: warm-up segments (``chunk.SegmentLayout`` with warm_up) of the N sequences
+    of seq_bounds, walked instead of whole sequences, each from a few chunks before it (its outputs only)."""
+    if segments is None:
+        launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk,
+               seg_parent=None, parent_bounds=None, WARM_UP=False)
+    else:
+        launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, segments.layout.seq_bounds, segments.layout.N,
+               scale, long_walk, seg_parent=segments.parent, parent_bounds=seq_bounds, WARM_UP=True)
 
 
 def describe() -> str:

@@ -22,8 +22,8 @@ def _sm90() -> bool:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("dtype,long_walk", [("bf16", False), ("bf16", True), ("fp16", False)])
-@pytest.mark.parametrize("name", ["sm90", "sm90_transposed"])
-def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, dtype, long_walk):
+@pytest.mark.parametrize("name,warm_up", [("sm90", False), ("sm90_transposed", False), ("sm90_transposed", True)])
+def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, long_walk):
     from gdnbench_kernels.chunk_fused import GLUON_WALKS
     from gdnbench_kernels.gluon_hopper import GLUON_MISSING
 
@@ -35,9 +35,16 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, dtype, long_walk):
     dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
     const = dict(H=2, HV=4, K=128, V=128, BV=walk.BV, BT=walk.BT, USE_H0=True, STORE_HT=True, LONG_WALK=long_walk)
+    segments = {}
+    if walk.TAKES_WARM_UP_SEGMENTS:  # over warm-up segments, or whole sequences (no segment tensors)
+        const["WARM_UP"] = warm_up
+        if warm_up:
+            segments = dict(seg_parent="*i32", parent_bounds="*i64")
+        else:
+            const.update(seg_parent=None, parent_bounds=None)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, walk.BV]), ai_desc=desc([64, 64]),
                o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
-               scale="fp32", **{name: "constexpr" for name in const})
+               scale="fp32", **segments, **{name: "constexpr" for name in const})
     compiled = compile_sm90(walk._fused_walk_kernel, sig, const, interpreted=False, num_warps=walk.WARPS)
     # the walk is latency bound: a second program per SM is what hides it (228 KB of shared memory per SM,
     # 1 KB of it reserved per program; registers, at most 255 for one warpgroup, always leave room for two)
@@ -73,16 +80,22 @@ def test_walk_choice_and_its_errors():
     (2, 8192, 32, "sm90", None),  # 128 at BV 64: one per SM, where two of BV 32 do better
 ])
 def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
-    """walk_default and pipeline_default on an H100's 132 SMs, with the device's answers faked on a CPU
-    (both Gluon walks share chunk_walk_sm90.unsupported)."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+    """walk_default, plan_walk and pipeline_default on an H100's 132 SMs, with the device's answers faked on a
+    CPU: over warm-up segments the transposed walk, over plain ones the Triton walk."""
+    from gdnbench_kernels import chunk, chunk_fused
 
-    monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
+    for module in chunk_fused.GLUON_WALKS.values():
+        monkeypatch.setattr(module, "unsupported", lambda *a: None)
     monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(B, T, None, "cpu")
     q = torch.empty(B, T, 16, 128)
     assert chunk_fused.walk_default(layout, q, 128, HV, False) == walk
     assert chunk_fused.walk_default(layout, q, 128, HV, False, chunk.SegmentLayout.build(layout, 8)) == "triton"
+    warm_up = chunk.SegmentLayout.build(layout, 4, warm_up=True)
+    assert chunk_fused.walk_default(layout, q, 128, HV, False, warm_up) == "sm90_transposed"
+    assert chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up) == ("sm90_transposed", True)
+    with pytest.raises(ValueError, match="whole sequences"):
+        chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up, walk="sm90")
     if walk == "sm90":
         assert chunk_fused.pipeline_default(layout, HV, True, walk=walk) == pipeline
 
@@ -190,3 +203,46 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
         assert ((got - ref).norm() / ref.norm()).item() < tol
     if varlen and h0 and final:  # the empty sequence keeps its initial state
         assert torch.equal(f[1], cpu["initial_state"][1].double())
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("gate_norm", [1.0, 10.0])  # strong decay: warm-ups of a chunk; weak: back to the start
+def test_transposed_walk_over_warm_up_segments_under_graph_replay(gate_norm):
+    """The transposed Gluon walk over warm-up segments of 4 chunks (outputs and final states; h0 only where a
+    warm-up reaches its sequence's start) against the Triton walk over the same segments and against the
+    fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal sequences, one empty."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    dev = torch.device("cuda")
+    seqs, H, HV = [1000, 0, 64, 700, 1], 2, 4
+    gen = torch.Generator().manual_seed(int(gate_norm))
+    kw, N = kernel_inputs(gen, B=1, T=sum(seqs), H=H, HV=HV, K=128, V=128, dtype="bf16", seqs=seqs, raw=False,
+                          l2=False, gate_norm=gate_norm)
+    kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen)
+    kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
+    segments = chunk.SegmentLayout.build(layout, 4, warm_up=True)
+    results = {}
+    for walk in ("sm90_transposed", "triton"):
+        ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
+                                           final_state=True, segments=segments)
+        ws.final_state.fill_(float("nan"))
+        out = torch.full_like(kw["v"], float("nan"))
+
+        def call() -> None:
+            chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
+                                        fuse_output=True, segments=segments, walk=walk)
+
+        measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
+                                                      max_samples=10, min_time_s=0.0, max_time_s=0.2))
+        torch.cuda.synchronize()
+        results[walk] = (out.double().cpu(), ws.final_state.double().cpu())
+    cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    o_ref, final_ref = gdn_recurrent(cpu["q"], cpu["k"], cpu["v"], cpu["g"], cpu["beta"], scale=cpu["scale"],
+                                     initial_state=cpu["initial_state"], cu_seqlens=cpu["cu_seqlens"],
+                                     compute_dtype=torch.float64)
+    (o, f), (o_tri, f_tri) = results["sm90_transposed"], results["triton"]
+    for got, ref, tol in ((o, o_ref, 1e-2), (o, o_tri, 1e-3), (f, final_ref, 1e-2), (f, f_tri, 1e-3)):
+        assert torch.isfinite(got).all()
+        assert ((got - ref).norm() / ref.norm()).item() < tol
+    assert torch.equal(f[1], cpu["initial_state"][1].double())  # the empty sequence keeps its initial state
