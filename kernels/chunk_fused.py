@@ -80,8 +80,8 @@ from . import chunk_prep_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
 from .tuning import TunedKernel
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "GLUON_WALKS", "PipelineLayout", "fuse_output_default", "output_span_default", "pipeline_default",
-           "walk_default", "plan_walk", "plan_prep", "warm_up_default", "describe"]
+__all__ = ["chunk_fused_gdn", "GLUON_WALKS", "PipelineLayout", "fuse_output_default", "output_span_default",
+           "pipeline_default", "walk_default", "plan_walk", "plan_prep", "warm_up_default", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -260,10 +260,9 @@ def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor
     to ht (or not stored): the Triton walk or a Gluon one (``GLUON_WALKS[walk]``), over warm-up segments of
     ``over`` where given (a Gluon walk with TAKES_WARM_UP_SEGMENTS)."""
     if walk in GLUON_WALKS:
-        walked = over if segments is None else segments.layout
+        walked, over_segments = (over, {}) if segments is None else (segments.layout, {"segments": segments})
         GLUON_WALKS[walk].fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
-                                     long_walk=walked.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK,
-                                     **({} if segments is None else dict(segments=segments)))
+                                     long_walk=walked.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK, **over_segments)
     else:
         _state_pass(x, _state_kernel, over, h0, ht, fuse=True)
 

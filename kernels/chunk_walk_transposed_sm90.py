@@ -224,12 +224,14 @@ if GLUON_MISSING is None:
                 vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
                                                 ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
                 S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False, False)
+                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False,
+                                       False)
             for t in range(warm_up_chunks, NT - 1):
                 vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
                                                 ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
                 S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False, True)
+                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False,
+                                       True)
             vn_a, vnd_a, QSd = _chunk_front(NT - 1, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
                                             ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
             S, gates = _chunk_back(NT - 1, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,

@@ -130,7 +130,8 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
     span = 1 if fuse_output else 2
     results, launches = [], []
     if gluon:
-        monkeypatch.setattr(gluon, "fused_walk", lambda *a, real=gluon.fused_walk, **k: launches.append(a) or real(*a, **k))
+        monkeypatch.setattr(gluon, "fused_walk",
+                            lambda *a, real=gluon.fused_walk, **k: launches.append(a) or real(*a, **k))
     for pipe in (None, chunk_fused.PipelineLayout.build(layout, 2)):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False,
                                            fuse_output=fuse_output, final_state=True, output_span=span,

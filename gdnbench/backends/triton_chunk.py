@@ -52,7 +52,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     in) in groups of that many chunks of every sequence, overlapped on their own streams
     (``chunk_fused.PipelineLayout``); None: the kernel's default rule (``chunk_fused.pipeline_default``),
     0: one call. walk (fused only): "triton", or a Gluon walk on Hopper, "sm90" or "sm90_transposed"
-    (``chunk_fused.GLUON_WALKS``; the output fused in); None: the kernel's default rule (``chunk_fused.plan_walk``: the Triton walk when fuse_output is False).
+    (``chunk_fused.GLUON_WALKS``; the output fused in); None: the kernel's default rule (``chunk_fused.plan_walk``:
+    the Triton walk when fuse_output is False).
     prep (fused only): "triton", or "sm90" for the Gluon prep kernel on Hopper; None: ``chunk_fused.plan_prep``."""
     from gdnbench_kernels import chunk, chunk_fused
 
