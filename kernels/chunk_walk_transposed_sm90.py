@@ -149,6 +149,17 @@ if GLUON_MISSING is None:
         return S, nxt
 
     @gluon.jit
+    def _chunk(t, NT, bos, eos, S, gates, tiles, o, gc, i_h, col_k, col_v, scale, HV: gl.constexpr,
+               V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr, NB: gl.constexpr, mma: gl.constexpr,
+               LAST: gl.constexpr, STORE_O: gl.constexpr):
+        """Chunk t, front and back (LAST, STORE_O: ``_chunk_back``'s). Returns (S, the next chunk's gates)."""
+        q_s, k_s, v_s, ai_s, p_s, o_s, bars, q_desc, k_desc, v_desc, ai_desc, o_desc = tiles
+        vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
+                                        ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
+        return _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s, bars, k_desc,
+                           o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, LAST, STORE_O)
+
+    @gluon.jit
     def _state_offsets(i_nh, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, mma_s: gl.constexpr):
         """Offsets of the program's S^T [BV, K] in h0 / ht [N, HV, K, V]."""
         r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma_s))
@@ -157,9 +168,10 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV: gl.constexpr, WARM_UP: gl.constexpr):
-        """(the walk's state's row in h0 / ht, the token from which a walk starts from h0, whether it ends with
-        ht): a warm-up segment (chunk.SegmentLayout.warm_up) takes its sequence's h0 where its walk starts at
-        the sequence's start, and stores its ht where it ends the sequence; a whole sequence, both always."""
+        """(the walk's state's row in h0 / ht, the token its walk starts from h0 at (its sequence's start),
+        whether it ends with ht): a warm-up segment (chunk.SegmentLayout.warm_up) takes its sequence's h0 where
+        its walk starts at the sequence's start, and stores its ht where it ends the sequence; a whole sequence,
+        both always."""
         if WARM_UP:
             i_seq = gl.load(seg_parent + i_nh // HV)
             return (i_seq * HV + i_h, gl.load(parent_bounds + 2 * i_seq).to(gl.int32),
@@ -187,13 +199,13 @@ if GLUON_MISSING is None:
         i_nh, i_h, i_v, first, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
-        i_state, from_h0, _ = _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV, WARM_UP)
+        i_state, seq_bos, _ = _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV, WARM_UP)
         bos = first
         if WARM_UP:  # from a few chunks before the segment
-            bos = _warm_up_start(gc, first, gl.load(parent_bounds + 2 * gl.load(seg_parent + i_nh // HV)), i_h, HV, BT)
+            bos = _warm_up_start(gc, first, seq_bos, i_h, HV, BT)
             NT = (eos - bos + BT - 1) // BT
         if USE_H0:
-            S = gl.where(bos == from_h0, gl.load(h0 + _state_offsets(i_state, i_v, K, V, BV, mma_s)), 0.0)
+            S = gl.where(bos == seq_bos, gl.load(h0 + _state_offsets(i_state, i_v, K, V, BV, mma_s)), 0.0)
         else:
             S = gl.zeros([BV, K], gl.float32, mma_s)
         dt: gl.constexpr = q_desc.dtype
@@ -219,23 +231,16 @@ if GLUON_MISSING is None:
             gates = _gates(gc, bos, eos, i_h, HV, BT, mma)
             PT = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_issue(0, k_s, q_s, bars, BT, NB, mma), ))
             _scores_store(PT, gates, p_s, BT, mma)
+            tiles = (q_s, k_s, v_s, ai_s, p_s, o_s, bars, q_desc, k_desc, v_desc, ai_desc, o_desc)
             warm_up_chunks = (first - bos) // BT
             for t in range(0, warm_up_chunks):  # state only (a loop of its own: no more registers in the other)
-                vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
-                                                ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
-                S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False,
-                                       False)
+                S, gates = _chunk(t, NT, bos, eos, S, gates, tiles, o, gc, i_h, col_k, col_v, scale, HV, V, BV, BT,
+                                  NB, mma, False, False)
             for t in range(warm_up_chunks, NT - 1):
-                vn_a, vnd_a, QSd = _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
-                                                ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
-                S, gates = _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                       bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, False,
-                                       True)
-            vn_a, vnd_a, QSd = _chunk_front(NT - 1, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc,
-                                            ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
-            S, gates = _chunk_back(NT - 1, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s,
-                                   bars, k_desc, o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, True, True)
+                S, gates = _chunk(t, NT, bos, eos, S, gates, tiles, o, gc, i_h, col_k, col_v, scale, HV, V, BV, BT,
+                                  NB, mma, False, True)
+            S, gates = _chunk(NT - 1, NT, bos, eos, S, gates, tiles, o, gc, i_h, col_k, col_v, scale, HV, V, BV, BT,
+                              NB, mma, True, True)
             tma.store_wait(pendings=0)
         for i in gl.static_range(2 * NB + 4):
             mbarrier.invalidate(bars.index(i))
