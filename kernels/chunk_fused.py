@@ -401,14 +401,19 @@ def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
 # Pipelined (prep of the next group beside the walk) it lost everywhere: B=1 T=65536 2333 -> 2983 (groups of 128).
 SM90_WALK_MIN_CHUNKS = 8
 # chunk_walk_transposed_sm90's Gluon walk (BV 64) instead where its programs (N * HV * V / 64, twice as wide)
-# make one wave of more than one per SM, up to two (so BV 32's would make more than two), on walks of 4 chunks
-# or more. Whole calls on an H100 (us; the default, then the Triton walk / chunk_walk_sm90 / the transposed
-# walk, interleaved; programs of 64 columns):
+# outnumber the SMs, on walks of 4 chunks or more. Whole calls on an H100 (us; the default, then the Triton walk
+# / chunk_walk_sm90 / the transposed walk, interleaved; programs of 64 columns):
 #   qwen3-next B=4 T=8192 (256): 736.9, 736.2 / 842.5 / 642.0; parity B=16 T=256 H=HV=8 (256, walks of 4
 #       chunks): 40.4, 40.0 / 42.5 / 36.6;
 #   fewer: parity B=8 T=512 H=HV=8 (128) 39.9, 48.3 / 39.9 / 38.9 (left to BV 32); B=4 T=1024 H=HV=4 (32)
 #       33.2, 39.6 / 40.1 / 47.4; qwen3-next B=1 (64): 0.50-0.60x of the default (one long chain per SM);
-#   more: parity B=32 T=128 (512) 43.3, 42.1 / 48.2 / 44.1; B=64 T=64 (1024) 50.7, 49.9 / 56.9 / 53.5.
+#   more than two per SM, on walks of 1 and 2 chunks: parity B=32 T=128 (512) 43.3, 42.1 / 48.2 / 44.1; B=64 T=64
+#       (1024) 50.7, 49.9 / 56.9 / 53.5; on walks of 4 chunks or more (thirty-third session; the Triton walk, then
+#       with the output fused in / chunk_walk_sm90 / the transposed walk): parity varlen N=64 T=6656 H=HV=4 (512,
+#       longest 7) 49.4, 50.0 / 47.3 / 46.5; B=8 T=4096 H=16 HV=32 (512) 737.3, 737.6 / 838.5 / 639.0; B=16
+#       T=1024 (1024) 386.1, 386.1 / 439.6 / 345.9; B=32 T=512 (2048) 395.6, 394.9 / 448.0 / 366.5; B=64 T=256
+#       H=HV=8 (1024) 121.3, 121.1 / 135.9 / 118.0; B=32 T=1024 H=4 HV=8 (512) 198.0, 197.2 / 219.8 / 176.3;
+#       varlen N=128 T=16384 H=HV=4 (1024, longest 779 tokens) 132.8, 93.6 / 98.6 / 88.4.
 SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # Over warm-up segments (where warm_up_default cuts the walks) the transposed walk runs by default too, over the
 # same segments: their sizes put its programs at about two per SM. Whole calls on an H100 (us; the default then
@@ -484,16 +489,14 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
                  segments: SegmentLayout | None = None) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
     "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
-    make one wave of more than one and up to two per SM and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS
-    chunks, or "sm90" (chunk_walk_sm90) where its programs make one wave of two per SM that fills half the SMs
+    outnumber the SMs and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its programs make one wave of two per SM that fills half the SMs
     or more and the longest walk has SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
         return "sm90_transposed" if segments.warm_up else "triton"
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
-    if sms < walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV) <= 2 * sms and \
-            chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS:
+    if walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV) > sms and chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS:
         return "sm90_transposed"
     if sms // 2 < walks * triton.cdiv(V, chunk_walk_sm90.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
         return "sm90"

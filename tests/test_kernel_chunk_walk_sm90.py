@@ -76,7 +76,9 @@ def test_walk_choice_and_its_errors():
     (16, 256, 8, "sm90_transposed", None),  # 512 at BV 32, 256 at BV 64: one wave of two per SM
     (4, 8192, 32, "sm90_transposed", None),
     (16, 192, 8, "triton", None),  # walks of 3 chunks: shorter than measured
-    (32, 128, 8, "triton", None),  # 512 programs at BV 64: two waves
+    (32, 128, 8, "triton", None),  # walks of 2 chunks: shorter than measured
+    (64, 256, 8, "sm90_transposed", None),  # 1024 programs at BV 64: four per SM, on walks of 4 chunks
+    (16, 1024, 32, "sm90_transposed", None),
     (2, 8192, 32, "sm90", None),  # 128 at BV 64: one per SM, where two of BV 32 do better
 ])
 def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
