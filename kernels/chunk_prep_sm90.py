@@ -23,10 +23,6 @@ thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (
 FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
 and 1.02-1.11x on parity's rows it serves.
 
-With an initial state, the program of each sequence's first chunk asks L2 for it (a prefetch, not waited for)
-while its solve runs, so that the walk reads it from L2: parity's varlen N=32 T=4096 at D = 128 1.08-1.09x in
-three runs on an H100, the other rows within 1% (BENCHMARKS.md, thirty-third session).
-
 Envelope (``unsupported``): sm_90, bf16 or fp16, K in 64, 128, 256, gates given (``gating: pre``: raw gates
 and the in-kernel L2 norm stay with the Triton kernel). Rows past a sequence's end within its last chunk
 hold the next sequence's keys (TMA does not clamp rows), which the masks drop as the Triton kernel drops
@@ -77,25 +73,14 @@ if GLUON_MISSING is None:
         gl.store(diag + b3 * 256 + i3 * 16 + c3, Y)
 
     @gluon.jit
-    def _prefetch_l2(base, LINES: gl.constexpr):
-        """Asks L2 for the LINES 128-byte lines from base on, a multiple of the 128 threads' count, without
-        waiting for them."""
-        L: gl.constexpr = gl.BlockedLayout([LINES // 128], [32], [4], [0])
-        addr = base.to(gl.pointer_type(gl.int8)) + gl.arange(0, LINES, layout=L) * 128
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [addr], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
-    @gluon.jit
-    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices, h0,
-                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
-                           H0_LINES: gl.constexpr):
+    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices,
+                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
         pid = gl.program_id(0)
         i_c = pid // HV  # value heads fastest, as chunk._chunk_program: GVA heads share the key tile in L2
         i_h = pid % HV
         i_n = gl.load(chunk_indices + 2 * i_c)
         bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
-        i_in = gl.load(chunk_indices + 2 * i_c + 1)  # the chunk's place in its sequence
-        tok = bos + i_in * BT
+        tok = bos + gl.load(chunk_indices + 2 * i_c + 1) * BT
         n_valid = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32) - tok  # rows of this chunk in its sequence
         diag = A_diag + pid.to(gl.int64) * (BT * 16)  # this program's own [4, 16, 16] fp32 scratch
         dt: gl.constexpr = k_desc.dtype
@@ -123,9 +108,6 @@ if GLUON_MISSING is None:
 
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
-        if H0_LINES > 0:  # the walk's initial state, from L2 instead of memory (a sequence's first chunk)
-            if i_in == 0:
-                _prefetch_l2(h0 + (i_n * HV + i_h).to(gl.int64) * (H0_LINES * 32), H0_LINES)
         A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
         keep = (r[:, None] > c[None, :]) & (r[:, None] < n_valid)
         A = A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
@@ -177,19 +159,17 @@ def unsupported(k: Tensor, raw_gate: bool, qk_l2norm: bool) -> str | None:
 
 
 def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, A_diag: Tensor, seq_bounds: Tensor,
-               chunk_indices: Tensor, HV: int, h0: Tensor | None = None) -> None:
+               chunk_indices: Tensor, HV: int) -> None:
     """gc [tokens, HV] (fp32) and Ai [tokens, HV, 64] of the chunks in chunk_indices ([NT, 2]: sequence, chunk
     within it) of the sequences in seq_bounds ([N, 2] token ranges), as ``chunk_fused._chunk_prep_fn`` computes
     them; A_diag: the chunks' fp32 scratch, [NT, HV, 64, 16] at least. k [B, T, H, K], g, beta [B, T, HV], all
-    contiguous (see ``unsupported``). h0: the walk's initial states [N, HV, K, V] (fp32, contiguous) or None;
-    each sequence's first chunk asks L2 for its state, which the walk reads next."""
+    contiguous (see ``unsupported``)."""
     H, K = k.shape[2], k.shape[3]
     tokens = k.shape[0] * k.shape[1]
     NT = chunk_indices.shape[0]
     descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
-    h0_lines = 0 if h0 is None else h0.shape[-2] * h0.shape[-1] // 32  # fp32: 32 to a line; whole lines per thread or none
-    _chunk_prep_kernel[(NT * HV,)](*descs, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices, h0, H=H, HV=HV, K=K,
-                                   BT=BT, H0_LINES=h0_lines if h0_lines % (32 * WARPS) == 0 else 0, num_warps=WARPS)
+    _chunk_prep_kernel[(NT * HV,)](*descs, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices, H=H, HV=HV, K=K, BT=BT,
+                                   num_warps=WARPS)
 
 
 def describe() -> str:

@@ -31,10 +31,9 @@ def test_prep_compiles_for_sm90_in_five_programs_per_sm(dtype, K):
 
     dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
-    const = dict(H=2, HV=4, K=K, BT=prep.BT, H0_LINES=K * 128 // 32)  # with the initial state's prefetch
+    const = dict(H=2, HV=4, K=K, BT=prep.BT)
     sig = dict(k_desc=desc([64, K]), ai_desc=desc([64, 64]), Ai=f"*{dtype}", g="*fp32", beta=f"*{dtype}", gc="*fp32",
-               A_diag="*fp32", seq_bounds="*i64", chunk_indices="*i32", h0="*fp32",
-               **{name: "constexpr" for name in const})
+               A_diag="*fp32", seq_bounds="*i64", chunk_indices="*i32", **{name: "constexpr" for name in const})
     compiled = compile_sm90(prep._chunk_prep_kernel, sig, const, interpreted=False, num_warps=prep.WARPS)
     # latency bound: programs side by side on an SM hide it; shared memory leaves room for five up to K = 128
     # (four by registers), three at K = 256 (a 32 KB key tile)
@@ -109,19 +108,17 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
                                        final_state=True)
     ws.final_state.fill_(float("nan"))
     out = torch.full_like(kw["v"], float("nan"))
-    h0 = torch.randn(N, HV, K, K, generator=gen).to(dev) if varlen else None  # the prep kernel asks L2 for it
 
     def call() -> None:
-        chunk_fused.chunk_fused_gdn(**kw, initial_state=h0, output_final_state=True,
-                                    layout=layout, workspace=ws, out=out, fuse_output=True, prep="sm90")
+        chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out, fuse_output=True,
+                                    prep="sm90")
 
     measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                   max_samples=10, min_time_s=0.0, max_time_s=0.2))
     torch.cuda.synchronize()
     cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     o_ref, final_ref = gdn_recurrent(cpu["q"], cpu["k"], cpu["v"], cpu["g"], cpu["beta"], scale=cpu["scale"],
-                                     initial_state=None if h0 is None else h0.cpu(), cu_seqlens=cpu.get("cu_seqlens"),
-                                     compute_dtype=torch.float64)
+                                     cu_seqlens=cpu.get("cu_seqlens"), compute_dtype=torch.float64)
     for got, ref in ((out.double().cpu(), o_ref), (ws.final_state.double().cpu(), final_ref)):
         assert torch.isfinite(got).all()
         assert ((got - ref).norm() / ref.norm()).item() < 1e-2
