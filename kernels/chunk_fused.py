@@ -489,8 +489,9 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
                  segments: SegmentLayout | None = None) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
     "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
-    outnumber the SMs and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its programs make one wave of two per SM that fills half the SMs
-    or more and the longest walk has SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
+    outnumber the SMs and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90)
+    where its programs make one wave of two per SM that fills half the SMs or more and the longest walk has
+    SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
