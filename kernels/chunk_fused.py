@@ -415,6 +415,13 @@ SM90_WALK_MIN_CHUNKS = 8
 #       H=HV=8 (1024) 121.3, 121.1 / 135.9 / 118.0; B=32 T=1024 H=4 HV=8 (512) 198.0, 197.2 / 219.8 / 176.3;
 #       varlen N=128 T=16384 H=HV=4 (1024, longest 779 tokens) 132.8, 93.6 / 98.6 / 88.4.
 SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
+# And at one program per SM or fewer, down to half the SMs, on walks too short for three warm-up segments of 4
+# chunks (longer ones are cut into segments by default); whole calls on an H100 (us; the default (chunk_walk_sm90
+# from 8 chunks, else the Triton walk) -> the transposed walk; thirty-third session): parity B=8 T=512 H=HV=8
+# (128 programs, 8 chunks) 40.0 -> 39.1 and 39.6 -> 38.9; B=8 T=256 H=HV=8 (128, 4) 29.8 -> 26.4; B=6 T=512
+# H=HV=8 (96, 8) 36.9 -> 35.6; B=4 T=640 H=8 HV=16 (128, 10) 47.7 -> 46.3; B=2 T=640 H=16 HV=32 (128, 10) 47.9
+# -> 46.0.
+SM90_TRANSPOSED_SHORT_WALK_CHUNKS = 12  # fewer than
 # Over warm-up segments (where warm_up_default cuts the walks) the transposed walk runs by default too, over the
 # same segments: their sizes put its programs at about two per SM. Whole calls on an H100 (us; the default then
 # (the Triton walk over warm-up segments) -> the transposed walk over warm-up segments of 16 / 32 / 64 / 128
@@ -489,15 +496,18 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
                  segments: SegmentLayout | None = None) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
     "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
-    outnumber the SMs and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90)
-    where its programs make one wave of two per SM that fills half the SMs or more and the longest walk has
+    outnumber the SMs (or, on walks shorter than SM90_TRANSPOSED_SHORT_WALK_CHUNKS, fill more than half of them)
+    and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
+    programs make one wave of two per SM that fills half the SMs or more and the longest walk has
     SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
         return "sm90_transposed" if segments.warm_up else "triton"
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
-    if walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV) > sms and chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS:
+    programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
+    if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (
+            programs > sms or programs > sms // 2 and chunks < SM90_TRANSPOSED_SHORT_WALK_CHUNKS):
         return "sm90_transposed"
     if sms // 2 < walks * triton.cdiv(V, chunk_walk_sm90.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
         return "sm90"

@@ -19,7 +19,8 @@ update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more t
 spilled, slower than the Triton walk at every size tried (H100). Q K^T issued after Ai X, rather than with
 K S, runs while v_new is stored (walk alone, H100: 1-2% at B=1 T=4096..32768 HV=32, 7% at B=4 T=1024
 H=HV=4) and takes 17 fewer registers. So it pays where BV 32's programs make one
-wave (``chunk_fused.walk_default``, with the measurements); with many walks, Triton's BV 64 wins.
+wave of two per SM and ``chunk_walk_transposed_sm90``'s twice as wide ones would leave over half the SMs idle,
+or run long walks one per SM (``chunk_fused.walk_default``, with the measurements).
 
 Envelope (``unsupported``): sm_90, bf16 or fp16 inputs, K = V = 128, q and k normalised beforehand (the
 Triton walk normalises them per tile). Any sequence lengths: a short last chunk's rows past the sequence

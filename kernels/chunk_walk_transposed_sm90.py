@@ -18,7 +18,8 @@ Why a second Gluon walk: its programs are twice as wide as ``chunk_walk_sm90``'s
 registers; the untransposed kernel spills there), which pays where 64-column programs outnumber the SMs
 (``chunk_fused.walk_default``, with the measurements): whole calls 1.15x at qwen3-next B=4 T=8192 and 1.09x at
 parity B=16 T=256 on an H100; in more waves, 1.03-1.15x over the Triton walk on walks of 4 chunks or more.
-With one program per SM its longer chain per chunk loses to ``chunk_walk_sm90``'s two narrow ones. It also
+On long walks at one program per SM its longer chain per chunk loses to ``chunk_walk_sm90``'s two narrow ones;
+on walks of 4 to 11 chunks it still wins there, by 1.02-1.13x, down to half the SMs. It also
 walks warm-up segments (``chunk.SegmentLayout`` with warm_up: each segment first walks a few chunks before it,
 state only, as ``chunk._chunk_state_fn`` with SEGMENT 3), whose sizes give it about two programs per SM:
 1.12-1.26x over the Triton walk on the same segments (qwen3-next B=1, long-prefill, parity's few long walks;

@@ -70,8 +70,10 @@ def test_walk_choice_and_its_errors():
     (1, 16384, 32, "sm90", None),
     (1, 32768, 32, "sm90", 64),  # long enough to pipeline, in groups of an eighth
     (1, 65536, 32, "sm90", 128),
-    (8, 512, 8, "sm90", None),  # 256 programs: one wave of two per SM
-    (8, 448, 8, "triton", None),  # walks of 7 chunks: shorter than measured
+    (8, 512, 8, "sm90_transposed", None),  # 128 programs at BV 64, on a short walk (8 chunks)
+    (8, 256, 8, "sm90_transposed", None),
+    (4, 768, 8, "sm90", None),  # 64 programs at BV 64 (half the SMs), 128 at BV 32: one wave
+    (4, 448, 8, "triton", None),  # walks of 7 chunks: shorter than measured
     (4, 1024, 4, "triton", 64),  # 64 programs: under half the SMs (the Triton path's output pass wins)
     (16, 256, 8, "sm90_transposed", None),  # 512 at BV 32, 256 at BV 64: one wave of two per SM
     (4, 8192, 32, "sm90_transposed", None),
