@@ -405,7 +405,7 @@ SM90_WALK_MIN_CHUNKS = 8
 # / chunk_walk_sm90 / the transposed walk, interleaved; programs of 64 columns):
 #   qwen3-next B=4 T=8192 (256): 736.9, 736.2 / 842.5 / 642.0; parity B=16 T=256 H=HV=8 (256, walks of 4
 #       chunks): 40.4, 40.0 / 42.5 / 36.6;
-#   fewer: parity B=8 T=512 H=HV=8 (128) 39.9, 48.3 / 39.9 / 38.9 (left to BV 32); B=4 T=1024 H=HV=4 (32)
+#   fewer: parity B=8 T=512 H=HV=8 (128) 39.9, 48.3 / 39.9 / 38.9 (see short walks below); B=4 T=1024 H=HV=4 (32)
 #       33.2, 39.6 / 40.1 / 47.4; qwen3-next B=1 (64): 0.50-0.60x of the default (one long chain per SM);
 #   more than two per SM, on walks of 1 and 2 chunks: parity B=32 T=128 (512) 43.3, 42.1 / 48.2 / 44.1; B=64 T=64
 #       (1024) 50.7, 49.9 / 56.9 / 53.5; on walks of 4 chunks or more (thirty-third session; the Triton walk, then
@@ -420,8 +420,7 @@ SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # from 8 chunks, else the Triton walk) -> the transposed walk; thirty-third session): parity B=8 T=512 H=HV=8
 # (128 programs, 8 chunks) 40.0 -> 39.1 and 39.6 -> 38.9; B=8 T=256 H=HV=8 (128, 4) 29.8 -> 26.4; B=6 T=512
 # H=HV=8 (96, 8) 36.9 -> 35.6; B=4 T=640 H=8 HV=16 (128, 10) 47.7 -> 46.3; B=2 T=640 H=16 HV=32 (128, 10) 47.9
-# -> 46.0.
-SM90_TRANSPOSED_SHORT_WALK_CHUNKS = 12  # fewer than
+# -> 46.0. (walk_default: "short" is fewer than WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0] chunks.)
 # Over warm-up segments (where warm_up_default cuts the walks) the transposed walk runs by default too, over the
 # same segments: their sizes put its programs at about two per SM. Whole calls on an H100 (us; the default then
 # (the Triton walk over warm-up segments) -> the transposed walk over warm-up segments of 16 / 32 / 64 / 128
@@ -496,7 +495,7 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
                  segments: SegmentLayout | None = None) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
     "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
-    outnumber the SMs (or, on walks shorter than SM90_TRANSPOSED_SHORT_WALK_CHUNKS, fill more than half of them)
+    outnumber the SMs (or, on walks too short for warm-up segments, fill more than half of them)
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
     programs make one wave of two per SM that fills half the SMs or more and the longest walk has
     SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
@@ -506,8 +505,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
         return "sm90_transposed" if segments.warm_up else "triton"
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
-    if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (
-            programs > sms or programs > sms // 2 and chunks < SM90_TRANSPOSED_SHORT_WALK_CHUNKS):
+    short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
+    if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (programs > sms or (short and programs > sms // 2)):
         return "sm90_transposed"
     if sms // 2 < walks * triton.cdiv(V, chunk_walk_sm90.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
         return "sm90"
