@@ -76,12 +76,13 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _b
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
-from . import chunk_prep_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
+from . import chunk_prep_sm90, chunk_specialized_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
 from .tuning import TunedKernel
 from .chunk import describe as _describe
 
-__all__ = ["chunk_fused_gdn", "GLUON_WALKS", "PipelineLayout", "fuse_output_default", "output_span_default",
-           "pipeline_default", "walk_default", "plan_walk", "plan_prep", "warm_up_default", "describe"]
+__all__ = ["chunk_fused_gdn", "GLUON_WALKS", "SPECIALIZED", "PipelineLayout", "fuse_output_default",
+           "output_span_default", "pipeline_default", "walk_default", "plan_walk", "plan_prep", "warm_up_default",
+           "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -222,9 +223,14 @@ def _pipeline_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cu
     return _STREAMS[index]
 
 
-def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None) -> str:
+def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None, walk: str = "triton") -> str:
     """Which prep kernel a call runs: "sm90" (chunk_prep_sm90, Gluon) where it can, else "triton" (None: the
-    default); raises ValueError for "sm90" where it cannot."""
+    default); raises ValueError for "sm90" where it cannot. With walk=SPECIALIZED the walk's own kernel does
+    the prep: SPECIALIZED (prep None or SPECIALIZED)."""
+    if walk == SPECIALIZED:
+        if prep not in (None, SPECIALIZED):
+            raise ValueError(f"walk={SPECIALIZED!r} computes the prep in its own kernel, got prep={prep!r}")
+        return SPECIALIZED
     why = chunk_prep_sm90.unsupported(k, raw_gate, qk_l2norm)
     if prep is None:
         return "triton" if why else "sm90"
@@ -252,6 +258,10 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
 
 # The Gluon walks for Hopper by name (``walk``), each a module with fused_walk, unsupported and describe
 GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
+# walk=SPECIALIZED: the prep and the walk in one warp-specialized kernel for Hopper (chunk_specialized_sm90).
+# Never a default: on an H100 it ran 1.2-1.3x slower than the default path on qwen3-next B=4 T=8192 and on
+# parity's short-walk rows, its prep warpgroup's chain the limit (BENCHMARKS.md, thirty-fourth session).
+SPECIALIZED = "sm90_specialized"
 
 
 def _walk_with_output(x: _Args, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str,
@@ -515,12 +525,19 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
 
 def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
               segments: SegmentLayout | None = None, walk: str | None = None,
-              fuse_output: bool | None = None) -> tuple[str, bool]:
+              fuse_output: bool | None = None, raw_gate: bool = False) -> tuple[str, bool]:
     """(walk, fuse_output) of a call, the defaults filled in where None: the Gluon walk always computes the
     output in the walk, so an explicit fuse_output=False means the Triton walk by default and is an error
     with walk="sm90". Raises ValueError for a walk that cannot run the call."""
     if walk is None:
         walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments)
+    if walk == SPECIALIZED:
+        why = chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) or (
+            "it walks whole sequences (no segments)" if segments is not None else
+            "it always computes the output in the walk" if fuse_output is False else None)
+        if why:
+            raise ValueError(f"walk={walk!r} cannot run this call: {why}")
+        return walk, True
     if walk in GLUON_WALKS:
         module = GLUON_WALKS[walk]
         why = module.unsupported(q, V, qk_l2norm) or (
@@ -532,7 +549,7 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
             raise ValueError(f"walk={walk!r} cannot run this call: {why}")
         return walk, True
     if walk != "triton":
-        raise ValueError(f"walk must be one of {['triton', *GLUON_WALKS]}, got {walk!r}")
+        raise ValueError(f"walk must be one of {['triton', *GLUON_WALKS, SPECIALIZED]}, got {walk!r}")
     K = q.shape[-1]
     return walk, fuse_output_default(layout, HV, K, segments) if fuse_output is None else fuse_output
 
@@ -574,23 +591,30 @@ def chunk_fused_gdn(
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
     ``pipeline=True``); never with segments. walk: "triton", or a Gluon walk for Hopper (the output fused in):
     "sm90" (chunk_walk_sm90, no segments) or "sm90_transposed" (chunk_walk_transposed_sm90, also over warm-up
-    segments); None: the default (``plan_walk``). prep: "triton", or "sm90"
+    segments); or SPECIALIZED, the prep and the walk in one kernel (chunk_specialized_sm90: no segments, no
+    pipeline, prep None); None: the default (``plan_walk``). prep: "triton", or "sm90"
     for the Gluon prep kernel of chunk_prep_sm90 (Hopper; gates given, no in-kernel L2 norm); None: the default
     (``plan_prep``).
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output)
-    prep = plan_prep(k, a is not None, qk_l2norm, prep)
+    walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output, raw_gate=a is not None)
+    prep = plan_prep(k, a is not None, qk_l2norm, prep, walk)
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
     if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):
         raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
+    if pipeline is not None and walk == SPECIALIZED:
+        raise ValueError(f"a pipeline overlaps separate prep and walk kernels, which walk={SPECIALIZED!r} has not")
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
                pipeline=pipeline is not None)
     if pipeline is not None:
         _pipelined(x, pipeline, fuse, output_final_state, walk, prep)
+    elif walk == SPECIALIZED:
+        chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
+                                                 x.ws.final_state if output_final_state else None, lay.seq_bounds,
+                                                 lay.N, x.scale)
     else:
         _prep(x, lay, prep)
         if walk in GLUON_WALKS:
@@ -609,6 +633,8 @@ def _output_kernel(span: int):
 
 def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", prep: str = "triton") -> str:
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
+    if walk == SPECIALIZED:
+        return chunk_specialized_sm90.describe()
     prep_str = chunk_prep_sm90.describe() if prep == "sm90" else f"prep[{_config_str(_chunk_prep_kernel)}]"
     if walk in GLUON_WALKS:
         return f"{prep_str}, {GLUON_WALKS[walk].describe()}"

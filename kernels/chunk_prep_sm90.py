@@ -18,7 +18,8 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
   - Ai leaves by TMA.
 
 Then, as in Triton, with D = blockdiag(Y) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2
-- M^3) D with M = D L, in four wgmma products whose operands are rounded to the input dtype. H100 (BENCHMARKS.md,
+- M^3) D with M = D L, in four wgmma products whose operands are rounded to the input dtype (``_solve``, which
+``chunk_specialized_sm90`` shares). H100 (BENCHMARKS.md,
 thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (B=4 T=8192: 287 -> 229 us;
 FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
 and 1.02-1.11x on parity's rows it serves.
@@ -48,29 +49,115 @@ HEAD_DIMS = (64, 128, 256)
 
 
 if GLUON_MISSING is None:
+    _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # _reinterpret in 3.6
+    # A [64, 64] fp32 tile in shared memory with its diagonal 16 x 16 blocks first, [b, k, i] = A[16 b + i, 16 b + k]:
+    # offset bits i (4), k (4), b (2), then the block-column distance h = b_c ^ b_r (2), a bijection
+    DIAGONAL_FIRST = gl.constexpr(gl.SharedLinearLayout(
+        offset_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4], [0, 8], [16, 16], [32, 32], [0, 16],
+                      [0, 32]]))
+
     @gluon.jit
-    def _block_inverses(diag, BT: gl.constexpr):
-        """The scratch's four diagonal blocks diag[b, k, i] = A_b[i, k] replaced by their inverses, diag[b, i, c] =
-        Y_b[i, c] with Y_b = (I + A_b)^-1: forward substitution, each thread holding column c of one Y_b in
-        registers (each column twice over the four warps). Step k reads column k of A_b (one row of the scratch,
-        the same for the block's 16 threads), takes Y_b[k, c], final by then, and subtracts its share from the
-        rows below. The -0.0 and 0.0 of the selects along the in-thread axis fold away in compilation."""
+    def _flat(tri_s, shape: gl.constexpr):
+        """tri_s (DIAGONAL_FIRST) as a row-major tensor of ``shape`` ([16, 256] or [16, 16, 16]), whose first four
+        rows hold the diagonal blocks, [b, k * 16 + i] or [b, k, i]."""
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=list(range(len(shape) - 1, -1, -1)))
+        if _NEW_REINTERPRET:
+            return tri_s.reinterpret(gl.float32, shape, plain)
+        else:
+            return tri_s._reinterpret(gl.float32, shape, plain)
+
+    @gluon.jit
+    def _block_inverses(A, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+        """D = blockdiag(Y_b), Y_b = (I + A_b)^-1, of the fp32 tile A's four diagonal 16 x 16 blocks (in and out in
+        the layout mma), by forward substitution, each thread holding column c of one Y_b in registers (each
+        column twice over the four warps). Step k reads column k of every A_b, the same for the block's 16
+        threads, takes Y_b[k, c], final by then, and subtracts its share from the rows below. The -0.0 and 0.0 of
+        the selects along the in-thread axis fold away in compilation.
+
+        The columns come from ``scratch``: this program's [4, 16, 16] fp32 in global memory (L1-resident,
+        [b, k, i] = A_b[i, k], the diagonal blocks only; the prep kernel's, 2.5-4.7% faster there than shared
+        memory, BENCHMARKS.md, thirty-fourth session), or with IN_SHARED a [64, 64] fp32 shared tile in
+        DIAGONAL_FIRST (all of A, its diagonal blocks first)."""
         L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[2, 16, 1],
                                             warps_per_cta=[2, 2, 1], order=[2, 1, 0])  # [b, c, i]
         Lbi: gl.constexpr = gl.SliceLayout(1, L3)
         Lbc: gl.constexpr = gl.SliceLayout(2, L3)
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        same = (r // 16)[:, None] == (c // 16)[None, :]
         bb = gl.arange(0, BT // 16, layout=gl.SliceLayout(1, Lbi))
         ii = gl.arange(0, 16, layout=gl.SliceLayout(0, Lbi))
         b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, BT // 16, layout=gl.SliceLayout(1, Lbc)), 1), 2)
         c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbc)), 0), 2)
         i3 = gl.expand_dims(gl.expand_dims(ii, 0), 1)
+        if IN_SHARED:  # (the previous chunk's reads end in a barrier: chunk_specialized_sm90._prep_chunk's)
+            scratch.store(A)
+            blocks = _flat(scratch, [16, 256]).slice(0, BT // 16, dim=0)
+        else:
+            gl.store(scratch + (r // 16)[:, None] * 256 + (c % 16)[None, :] * 16 + (r % 16)[:, None], A, mask=same)
+        cta_barrier()  # the columns were written by other threads
         Y = gl.where(i3 == c3, 1.0, 0.0) + gl.zeros([BT // 16, 16, 16], gl.float32, L3)
         for k in gl.static_range(16):
-            a_k = gl.load(diag + bb[:, None] * 256 + k * 16 + ii[None, :])  # A_b[i, k]
+            if IN_SHARED:
+                a_k = blocks.slice(k * 16, 16, dim=1).load(Lbi)  # A_b[i, k]
+            else:
+                a_k = gl.load(scratch + bb[:, None] * 256 + k * 16 + ii[None, :])
             y_k = gl.sum(gl.where(i3 == k, Y, -0.0), axis=2)  # Y_b[k, c]
             Y = Y - gl.where(i3 > k, gl.expand_dims(a_k, 1) * gl.expand_dims(y_k, 2), 0.0)
         cta_barrier()  # every column of A_b read before Y_b takes its place
-        gl.store(diag + b3 * 256 + i3 * 16 + c3, Y)
+        if IN_SHARED:  # [b, c, i] = Y_b[i, c]: where DIAGONAL_FIRST keeps D[16 b + i, 16 b + c]
+            _flat(scratch, [16, 16, 16]).slice(0, BT // 16, dim=0).store(Y)
+            cta_barrier()
+            return gl.where(same, scratch.load(mma), 0.0)
+        else:
+            gl.store(scratch + b3 * 256 + i3 * 16 + c3, Y)
+            cta_barrier()
+            return gl.load(scratch + (r // 16)[:, None] * 256 + (r % 16)[:, None] * 16 + (c % 16)[None, :], mask=same,
+                           other=0.0)
+
+    @gluon.jit
+    def _chunk_cumsum(g_c, BT: gl.constexpr, mma: gl.constexpr):
+        """gc = cumsum(g) of a chunk's gates g_c (along the columns of mma tiles; 0 past the sequence's end, so
+        that gc there repeats the last token's), along rows and along columns."""
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        gc_r = gl.sum(gl.where(c[None, :] <= r[:, None], g_c[None, :], 0.0), axis=1)
+        return gc_r, gl.convert_layout(gc_r, gl.SliceLayout(0, mma))
+
+    @gluon.jit
+    def _gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT: gl.constexpr, mma: gl.constexpr):
+        """A = strictLower(diag(beta)(Gamma o K K^T)) of the key tile k_s (fp32, rows past n_valid 0)."""
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
+        keep = (r[:, None] > c[None, :]) & (r[:, None] < n_valid)
+        return A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
+
+    @gluon.jit
+    def _solve(A, beta_c, d_s, l_s, m_s, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+        """Ai = (I + A)^-1 diag(beta) (fp32, mma layout) of the strictly lower tile A: with D = blockdiag(Y_b)
+        (``_block_inverses`` through ``scratch``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
+        M^3) D with M = D L, in four wgmma products whose operands are rounded to d_s's dtype. d_s, l_s and m_s:
+        [BT, BT] operand tiles for D, L and -M."""
+        dt: gl.constexpr = d_s.dtype
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        blk_r = r // 16
+        blk_c = c // 16
+        l_s.store(gl.where(blk_r[:, None] > blk_c[None, :], A, 0.0).to(dt))
+        d_s.store(_block_inverses(A, scratch, IN_SHARED, BT, mma).to(dt))
+        fence_async_shared()
+        diag = r[:, None] == c[None, :]
+        zero = gl.zeros([BT, BT], gl.float32, mma)
+        M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
+        m_s.store((-M).to(dt))
+        fence_async_shared()
+        P = gl.where(diag, 1.0 - M, -M)
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        for _ in gl.static_range(BT // 16 - 2):  # P = I - P M; P M's diagonal is 0 (M is strictly block-lower)
+            P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), m_s, zero, use_acc=False)
+            P = gl.where(diag, P + 1.0, P)
+        return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False) * beta_c[None, :]
 
     @gluon.jit
     def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices,
@@ -82,7 +169,6 @@ if GLUON_MISSING is None:
         bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
         tok = bos + gl.load(chunk_indices + 2 * i_c + 1) * BT
         n_valid = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32) - tok  # rows of this chunk in its sequence
-        diag = A_diag + pid.to(gl.int64) * (BT * 16)  # this program's own [4, 16, 16] fp32 scratch
         dt: gl.constexpr = k_desc.dtype
 
         k_s = gl.allocate_shared_memory(dt, [BT, K], k_desc.layout)
@@ -102,38 +188,14 @@ if GLUON_MISSING is None:
         g_c = gl.load(g + (tok + c) * HV + i_h, mask=c < n_valid, other=0.0).to(gl.float32)
         beta_r = gl.load(beta + (tok + r) * HV + i_h, mask=r < n_valid, other=0.0).to(gl.float32)
         beta_c = gl.load(beta + (tok + c) * HV + i_h, mask=c < n_valid, other=0.0).to(gl.float32)
-        gc_r = gl.sum(gl.where(c[None, :] <= r[:, None], g_c[None, :], 0.0), axis=1)
-        gc_c = gl.convert_layout(gc_r, gl.SliceLayout(0, mma))
+        gc_r, gc_c = _chunk_cumsum(g_c, BT, mma)
         gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
 
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
-        A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        keep = (r[:, None] > c[None, :]) & (r[:, None] < n_valid)
-        A = A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
-        blk_r = r // 16
-        blk_c = c // 16
-        same = blk_r[:, None] == blk_c[None, :]
-        gl.store(diag + blk_r[:, None] * 256 + (c % 16)[None, :] * 16 + (r % 16)[:, None], A, mask=same)
-        l_s.store(gl.where(blk_r[:, None] > blk_c[None, :], A, 0.0).to(dt))
-        cta_barrier()  # the scratch's columns were written by other threads
-
-        _block_inverses(diag, BT)
-        cta_barrier()
-        D = gl.load(diag + blk_r[:, None] * 256 + (r % 16)[:, None] * 16 + (c % 16)[None, :], mask=same, other=0.0)
-        d_s.store(D.to(dt))
-        fence_async_shared()
-
-        eye = gl.where(r[:, None] == c[None, :], 1.0, 0.0)
-        zero = gl.zeros([BT, BT], gl.float32, mma)
-        M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
-        m_s.store((-M).to(dt))
-        fence_async_shared()
-        P = eye - M
-        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        for _ in gl.static_range(BT // 16 - 2):  # P = I - P M, M's negation the stored operand, I the accumulator
-            P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), m_s, eye)
-        Ai_t = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False) * beta_c[None, :]
+        diag = A_diag + pid.to(gl.int64) * (BT * 16)  # this program's own [4, 16, 16] fp32 scratch
+        Ai_t = _solve(_gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT, mma), beta_c, d_s, l_s, m_s, diag, False,
+                      BT, mma)
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))
             fence_async_shared()

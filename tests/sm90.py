@@ -11,11 +11,12 @@ import pytest
 
 
 def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted: bool, num_warps: int = 4,
-                 num_stages: int = 2):
+                 num_stages: int = 2, maxnreg: int | None = None):
     """triton.compile(fn) for GPUTarget("cuda", 90, 32); fn: a jit function (a TunedKernel's is unwrapped) or
     a Gluon one.
 
-    signature: every argument's type ("*bf16", "i32", "constexpr", ...); interpreted: the kernel
+    signature: every argument's type ("*bf16", "i32", "constexpr", ...); maxnreg: the launch's register cap (a
+    warp-specialized kernel's partitions split it with setmaxnreg); interpreted: the kernel
     module's INTERPRETED flag. Pointer arguments are taken as 16-byte aligned (``tt.divisibility``),
     as the JIT specializes them for torch tensors: without it every tile load compiles to scalar
     loads, no load is pipelined and the register counts nearly double.
@@ -39,7 +40,8 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
     if fn.is_gluon():
         from triton.experimental.gluon._runtime import GluonASTSource as source
     aligned = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names) if signature[arg].startswith("*")}
+    options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     compiled = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+                              target=GPUTarget("cuda", 90, 32), options=options)
     assert "cubin" in compiled.asm and ".reg" in compiled.asm["ptx"]
     return compiled

@@ -1,4 +1,5 @@
-"""chunk_fused's Gluon walks for Hopper: gdnbench_kernels.chunk_walk_sm90 and chunk_walk_transposed_sm90.
+"""chunk_fused's Gluon walks for Hopper: gdnbench_kernels.chunk_walk_sm90, chunk_walk_transposed_sm90 and
+chunk_specialized_sm90 (the prep and the walk in one warp-specialized kernel, walk="sm90_specialized").
 
 Gluon has no interpreter: on a CPU the kernels are compiled for sm_90 and chunk_fused's choice of walk is
 checked; on an sm_90 GPU their outputs and final states are compared with the fp64 recurrence and with the
@@ -49,6 +50,87 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
     # the walk is latency bound: a second program per SM is what hides it (228 KB of shared memory per SM,
     # 1 KB of it reserved per program; registers, at most 255 for one warpgroup, always leave room for two)
     assert compiled.metadata.shared <= 113 * 1024
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
+@pytest.mark.parametrize("dtype,h0", [("bf16", True), ("fp16", False)])
+def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0):
+    """Three warpgroups (two walkers, the prep) whose registers setmaxnreg splits, and shared memory for one
+    program per SM (227 KB on sm_90)."""
+    from gdnbench_kernels import chunk_specialized_sm90 as spec
+    from gdnbench_kernels.gluon_hopper import GLUON_MISSING
+
+    if GLUON_MISSING:
+        pytest.skip(GLUON_MISSING)
+    from triton.experimental.gluon import language as gl
+
+    dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
+    const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, USE_H0=h0, STORE_HT=h0,
+                 WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS)
+    sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
+               o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", seq_bounds="*i64", scale="fp32",
+               n_items="i32", **{name: "constexpr" for name in const})
+    compiled = compile_sm90(spec._specialized_kernel, sig, const, interpreted=False, num_warps=spec.WARPS,
+                            maxnreg=spec.MAX_REGS)
+    assert compiled.metadata.shared <= 227 * 1024
+    ptx = compiled.asm["ptx"]
+    for regs in (spec.WALK_REGS, spec.PREP_REGS):
+        assert f"setmaxnreg.inc.sync.aligned.u32 \t{regs};" in ptx
+
+
+def test_specialized_walk_choice_and_its_errors(monkeypatch):
+    """walk="sm90_specialized" only where asked for, never with segments, an output pass on its own, raw gates,
+    a prep of its own or a pipeline; on a CPU, the kernel's own reason."""
+    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
+
+    gen = torch.Generator().manual_seed(2)
+    kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
+    with pytest.raises(ValueError, match="walk='sm90_specialized' cannot run this call"):
+        chunk_fused.chunk_fused_gdn(**kw, walk="sm90_specialized")
+    monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    layout = chunk.ChunkLayout.build(4, 8192, None, "cpu")
+    q = torch.empty(4, 8192, 16, 128)
+    assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED
+    assert chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized") == ("sm90_specialized", True)
+    with pytest.raises(ValueError, match="no segments"):
+        chunk_fused.plan_walk(layout, q, 128, 32, False, chunk.SegmentLayout.build(layout, 4, warm_up=True),
+                              walk="sm90_specialized")
+    with pytest.raises(ValueError, match="always computes the output"):
+        chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized", fuse_output=False)
+    assert chunk_fused.plan_prep(q, False, False, None, "sm90_specialized") == "sm90_specialized"
+    with pytest.raises(ValueError, match="computes the prep in its own kernel"):
+        chunk_fused.plan_prep(q, False, False, "sm90", "sm90_specialized")
+    layout = chunk.ChunkLayout.build(1, 64, None, "cpu")
+    with pytest.raises(ValueError, match="pipeline"):
+        chunk_fused.chunk_fused_gdn(**kw, layout=layout, walk="sm90_specialized",
+                                    pipeline=chunk_fused.PipelineLayout.build(layout, 1))
+    monkeypatch.undo()
+    from gdnbench_kernels import chunk_prep_sm90, chunk_walk_sm90  # the envelope: both kernels', any GPU faked
+
+    for module in (chunk_prep_sm90, chunk_walk_sm90):
+        monkeypatch.setattr(module, "unsupported_inputs", lambda q: None)
+    q = torch.empty(1, 64, 1, 128, dtype=torch.bfloat16)
+    assert chunk_specialized_sm90.unsupported(q, 128, False, False) is None
+    assert "gates computed beforehand" in chunk_specialized_sm90.unsupported(q, 128, True, False)
+    assert "normalised beforehand" in chunk_specialized_sm90.unsupported(q, 128, False, True)
+    assert "K = V = 128" in chunk_specialized_sm90.unsupported(q, 64, False, False)
+
+
+def test_specialized_backend_says_why_it_skips(monkeypatch):
+    """triton.chunk_specialized's check asks the kernel's own ``unsupported`` about each case (head dims, dtype,
+    gating, where q and k are normalised) and returns its reason, which the harness puts on the skipped row."""
+    from gdnbench.backends.triton_chunk import _check_specialized
+    from gdnbench.suite import Case
+    from gdnbench_kernels import chunk_specialized_sm90
+
+    seen = []
+    monkeypatch.setattr(chunk_specialized_sm90, "unsupported",
+                        lambda q, V, raw, l2: seen.append((q.shape[-1], q.dtype, q.device.type, V, raw, l2)) or "why")
+    case = Case(op="prefill", B=1, T=64, H=2, HV=4, D=64, dtype="fp16", gating="raw", qk_l2norm="kernel")
+    assert _check_specialized(case, torch.device("meta")) == "why"
+    assert seen == [(64, torch.float16, "meta", 64, True, True)]
 
 
 def test_walk_choice_and_its_errors():
@@ -161,12 +243,13 @@ GPU_CASES = [
     ("fp16", (2, 300), 4, 4, False, False),
     ("bf16", (3, 128), 1, 4, True, True),  # whole chunks only, GVA 4
     ("bf16", [4200, 0, 70, 1], 2, 4, True, True),  # a long walk (tiles two chunks ahead) beside walks of 2 and 1
+    ("bf16", (40, 100), 2, 4, True, True),  # 160 walks: more than the SMs (the specialized kernel's take two)
 ]
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype,seqs,H,HV,h0,final", GPU_CASES)
-@pytest.mark.parametrize("gluon_walk", ["sm90", "sm90_transposed"])
+@pytest.mark.parametrize("gluon_walk", ["sm90", "sm90_transposed", "sm90_specialized"])
 def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final):
     from gdnbench_kernels import chunk, chunk_fused
 

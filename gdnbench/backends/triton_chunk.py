@@ -1,5 +1,5 @@
-"""triton.chunk, triton.chunk_fused, triton.chunk_fused_cp and triton.chunk_fused_warm_up: the bundled
-chunked-prefill Triton kernels.
+"""triton.chunk, triton.chunk_fused, triton.chunk_fused_cp, triton.chunk_fused_warm_up and
+triton.chunk_specialized: the bundled chunked-prefill kernels.
 
 ``triton.chunk`` (gdnbench_kernels.chunk) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk_fused) fuses the gate, K K^T
@@ -7,10 +7,12 @@ and the triangular solve into one kernel, takes W and U's products inside the st
 storing them and, for many sequences, folds the outputs into the state pass too (and for few or
 unequal long walks on a GPU, cuts them into warm-up segments);
 ``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout), and
-``triton.chunk_fused_warm_up`` the same with warm-up segments instead of the scan.
-All take raw gating, q/k L2 normalisation and GVA inside the kernels. The chunk layout (from
-cu_seqlens, read on the host) and every intermediate buffer are built here, outside the timed call,
-which then neither allocates nor syncs. Runs on a CPU in Triton's interpreter.
+``triton.chunk_fused_warm_up`` the same with warm-up segments instead of the scan;
+``triton.chunk_specialized`` is chunk_fused with its prep and walk in one warp-specialized Gluon kernel
+(Hopper only, gates given, q and k normalised beforehand). The others take raw gating, q/k L2 normalisation
+and GVA inside the kernels, and run on a CPU in Triton's interpreter. The chunk layout (from cu_seqlens, read on
+the host) and every intermediate buffer are built here, outside the timed call, which then neither allocates nor
+syncs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.problem import Problem
+from gdnbench.problem import DTYPES, Problem
 from gdnbench.suite import Case
 
 CHUNK_KERNEL = "gdnbench_kernels.chunk"
@@ -52,8 +54,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     in) in groups of that many chunks of every sequence, overlapped on their own streams
     (``chunk_fused.PipelineLayout``); None: the kernel's default rule (``chunk_fused.pipeline_default``),
     0: one call. walk (fused only): "triton", or a Gluon walk on Hopper, "sm90" or "sm90_transposed"
-    (``chunk_fused.GLUON_WALKS``; the output fused in); None: the kernel's default rule (``chunk_fused.plan_walk``:
-    the Triton walk when fuse_output is False).
+    (``chunk_fused.GLUON_WALKS``; the output fused in) or "sm90_specialized" (prep and walk in one kernel);
+    None: the kernel's default rule (``chunk_fused.plan_walk``: the Triton walk when fuse_output is False).
     prep (fused only): "triton", or "sm90" for the Gluon prep kernel on Hopper; None: ``chunk_fused.plan_prep``."""
     from gdnbench_kernels import chunk, chunk_fused
 
@@ -66,8 +68,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
         segment_chunks, warm_up = chunk_fused.warm_up_default(layout, case.HV, case.V, p.q.device), True
     segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up) if segment_chunks else None
     walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
-                                               fuse_output) if fused else ("triton", False))
-    prep = chunk_fused.plan_prep(p.k, raw, p.qk_l2norm_in_kernel, prep) if fused else "triton"
+                                               fuse_output, raw_gate=raw) if fused else ("triton", False))
+    prep = chunk_fused.plan_prep(p.k, raw, p.qk_l2norm_in_kernel, prep, walk) if fused else "triton"
     if output_span is None:
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
     span = output_span if fused and not fuse_output else 1
@@ -151,3 +153,21 @@ def triton_chunk_fused_warm_up(p: Problem) -> Prepared:
     Within exp(-20) of exact for unit-norm keys (every case's: qk_l2norm pre or kernel). triton.chunk_fused
     takes them by default where its walks are few or unequal; this forces them everywhere, in segments of one size."""
     return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS, warm_up=True)
+
+
+def _check_specialized(case: Case, device: torch.device) -> str | None:
+    from gdnbench_kernels import chunk_specialized_sm90
+
+    why = _check(case, device)
+    if why or case.K is None or case.V is None:
+        return why
+    probe = torch.empty(0, case.K, dtype=DTYPES[case.dtype], device=device)  # the kernel's own envelope
+    return chunk_specialized_sm90.unsupported(probe, case.V, case.gating == "raw", case.qk_l2norm == "kernel")
+
+
+@backend("triton.chunk_specialized", requires=(FUSED_KERNEL,), **dict(_ENVELOPE, devices={"cuda"}, gating={"pre"},
+                                                                       check=_check_specialized))
+def triton_chunk_specialized(p: Problem) -> Prepared:
+    """triton.chunk_fused with the prep and the walk in one warp-specialized Gluon kernel (an H100/H200, K = V =
+    128, gates given, q and k normalised beforehand): a variant to compare, not yet faster than triton.chunk_fused."""
+    return _prepare(p, fused=True, walk="sm90_specialized")
