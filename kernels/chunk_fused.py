@@ -258,9 +258,10 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
 
 # The Gluon walks for Hopper by name (``walk``), each a module with fused_walk, unsupported and describe
 GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
-# walk=SPECIALIZED: the prep and the walk in one warp-specialized kernel for Hopper (chunk_specialized_sm90).
-# Never a default: on an H100 it ran 1.2-1.3x slower than the default path on qwen3-next B=4 T=8192 and on
-# parity's short-walk rows, its prep warpgroup's chain the limit (BENCHMARKS.md, thirty-fourth session).
+# walk=SPECIALIZED: the prep and the walk in one warp-specialized kernel for Hopper (chunk_specialized_sm90); the
+# default on many walks of one or two chunks (walk_default, SPECIALIZED_MIN_WALKS). On longer walks its prep
+# warpgroup's chain sets the pace: qwen3-next B=4 T=8192 0.86x, parity B=16 T=256 0.88x (BENCHMARKS.md,
+# thirty-fourth session).
 SPECIALIZED = "sm90_specialized"
 
 
@@ -448,6 +449,17 @@ SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # B=1 T=4096 / 8192 / 32768 HV=32 116.6 -> 108.5 -> 105.0 / 225.7 -> 208.4 -> 200.6 / 890.1 -> 815.1 -> 786.7;
 # shorter walks lose by a little: B=8 T=512 H=HV=8 24.5 -> 24.3 -> 25.1, B=4 T=1024 H=HV=4 26.2 -> 26.3 -> 27.0.
 SM90_LONG_WALK_MIN_CHUNKS = 64
+# The prep and the walk in one warp-specialized kernel (walk=SPECIALIZED) runs by default on walks of one chunk,
+# 128 or more of them, and of two chunks, 512 or more (SPECIALIZED_MIN_WALKS[chunks - 1]), where the Triton walk
+# ran: one pair's prep then overlaps another's walk. Whole calls on an H100 (us, the Triton walk (with the prep
+# kernel) / the specialized kernel, one run side by side, thirty-fourth session), D = 128, H = HV: one chunk,
+# B=16 H=8 (128 walks) 19.42 / 19.15, B=32 H=8 30.08 / 28.83, B=64 H=4 30.46 / 29.06, B=32 H=16 51.01 / 46.94, B=64
+# H=8 49.79 / 46.62, B=128 H=4 50.40 / 46.40, B=64 H=16 87.30 / 81.63, B=128 H=8 86.82 / 81.28; two chunks, B=32
+# T=128 H=8 (256 walks) 42.40 / 42.75 (in the A/B of the rule against the Triton walk: 0.974), B=64 T=100 H=8 71.30
+# / 70.14, B=64 T=128 H=8 74.56 / 73.15, B=32 T=128 H=16 74.69 / 73.57, B=128 T=128 H=8 134.82 / 129.79. Not
+# measured: fewer walks, three chunks (the transposed walk takes four and more; there the specialized kernel lost,
+# 0.88 at parity B=16 T=256).
+SPECIALIZED_MIN_WALKS = (128, 512)
 
 
 @functools.cache
@@ -502,13 +514,14 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
-                 segments: SegmentLayout | None = None) -> str:
+                 segments: SegmentLayout | None = None, raw_gate: bool = False) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
     "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
     outnumber the SMs (or, on walks too short for warm-up segments, fill more than half of them)
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
     programs make one wave of two per SM that fills half the SMs or more and the longest walk has
-    SM90_WALK_MIN_CHUNKS chunks; else "triton"."""
+    SM90_WALK_MIN_CHUNKS chunks; SPECIALIZED (the prep in the same kernel) on walks of one or two chunks, as many
+    as SPECIALIZED_MIN_WALKS says, with the gates given (raw_gate False); else "triton"."""
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
@@ -520,17 +533,23 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
         return "sm90_transposed"
     if sms // 2 < walks * triton.cdiv(V, chunk_walk_sm90.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
         return "sm90"
+    if 0 < chunks <= len(SPECIALIZED_MIN_WALKS) and walks >= SPECIALIZED_MIN_WALKS[chunks - 1] and \
+            chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None:
+        return SPECIALIZED
     return "triton"
 
 
 def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
               segments: SegmentLayout | None = None, walk: str | None = None,
-              fuse_output: bool | None = None, raw_gate: bool = False) -> tuple[str, bool]:
+              fuse_output: bool | None = None, raw_gate: bool = False, prep: str | None = None) -> tuple[str, bool]:
     """(walk, fuse_output) of a call, the defaults filled in where None: the Gluon walk always computes the
     output in the walk, so an explicit fuse_output=False means the Triton walk by default and is an error
-    with walk="sm90". Raises ValueError for a walk that cannot run the call."""
+    with walk="sm90"; an explicit prep kernel keeps the default walk one apart from it (not SPECIALIZED: the
+    Triton walk where that would run). Raises ValueError for a walk that cannot run the call."""
     if walk is None:
-        walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments)
+        walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments, raw_gate)
+        if walk == SPECIALIZED and prep is not None:
+            walk = "triton"
     if walk == SPECIALIZED:
         why = chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) or (
             "it walks whole sequences (no segments)" if segments is not None else
@@ -598,7 +617,7 @@ def chunk_fused_gdn(
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output, raw_gate=a is not None)
+    walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output, raw_gate=a is not None, prep=prep)
     prep = plan_prep(k, a is not None, qk_l2norm, prep, walk)
     span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
     if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):

@@ -17,11 +17,12 @@ Shared memory (225 KB, one program per SM): k, q and v in three stages (the prep
 computed c, while the walkers walk c - 1), Ai, P^T and gc in two. Registers: setmaxnreg gives the walkers 184
 each and the prep 136.
 
-Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.07x faster than the default path on parity B=64
-T=64 (every walk one chunk, four pairs an SM), 0.86x at qwen3-next B=4 T=8192 and slower still on few long walks
-(it walks whole sequences only, where the default cuts them into warm-up segments): not a default
-(``chunk_fused.SPECIALIZED``). The walkers alone take 373 us at B=4 T=8192, under the default path's whole call
-(651); the prep warpgroup's chain, about 11,000 cycles a chunk, sets the pace.
+Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
+walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two, where
+``chunk_fused.walk_default`` now picks it (``chunk_fused.SPECIALIZED``); 0.86x at qwen3-next B=4 T=8192 and slower
+still on few long walks (it walks whole sequences only, where the default cuts them into warm-up segments). The
+walkers alone take 373 us at B=4 T=8192, under the default path's whole call (651); the prep warpgroup's chain,
+about 11,000 cycles a chunk, sets the pace.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk

@@ -88,12 +88,17 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
     kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
     with pytest.raises(ValueError, match="walk='sm90_specialized' cannot run this call"):
         chunk_fused.chunk_fused_gdn(**kw, walk="sm90_specialized")
-    monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw gates" if raw else None)
+    monkeypatch.setattr(chunk_fused.chunk_walk_sm90, "unsupported", lambda *a: None)
     monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(4, 8192, None, "cpu")
     q = torch.empty(4, 8192, 16, 128)
-    assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED
+    assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED  # long walks
     assert chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized") == ("sm90_specialized", True)
+    short = chunk.ChunkLayout.build(64, 64, None, "cpu")  # 512 walks of one chunk: its default, but for...
+    assert chunk_fused.plan_walk(short, q, 128, 8, False) == ("sm90_specialized", True)
+    assert chunk_fused.plan_walk(short, q, 128, 8, False, prep="triton")[0] == "triton"  # ...a prep asked for
+    assert chunk_fused.plan_walk(short, q, 128, 8, False, raw_gate=True)[0] == "triton"  # ...and raw gates
     with pytest.raises(ValueError, match="no segments"):
         chunk_fused.plan_walk(layout, q, 128, 32, False, chunk.SegmentLayout.build(layout, 4, warm_up=True),
                               walk="sm90_specialized")
@@ -160,7 +165,10 @@ def test_walk_choice_and_its_errors():
     (16, 256, 8, "sm90_transposed", None),  # 512 at BV 32, 256 at BV 64: one wave of two per SM
     (4, 8192, 32, "sm90_transposed", None),
     (16, 192, 8, "triton", None),  # walks of 3 chunks: shorter than measured
-    (32, 128, 8, "triton", None),  # walks of 2 chunks: shorter than measured
+    (32, 128, 8, "triton", None),  # 256 walks of 2 chunks: fewer than the specialized kernel needs there
+    (64, 128, 8, "sm90_specialized", None),  # 512 walks of 2 chunks: the prep in the walk's kernel
+    (64, 64, 8, "sm90_specialized", None),  # 512 walks of one chunk
+    (8, 64, 8, "triton", None),  # 64 walks of one chunk: fewer than measured
     (64, 256, 8, "sm90_transposed", None),  # 1024 programs at BV 64: four per SM, on walks of 4 chunks
     (16, 1024, 32, "sm90_transposed", None),
     (2, 8192, 32, "sm90", None),  # 128 at BV 64: one per SM, where two of BV 32 do better
@@ -168,9 +176,9 @@ def test_walk_choice_and_its_errors():
 def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
     """walk_default, plan_walk and pipeline_default on an H100's 132 SMs, with the device's answers faked on a
     CPU: over warm-up segments the transposed walk, over plain ones the Triton walk."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
 
-    for module in chunk_fused.GLUON_WALKS.values():
+    for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
     monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(B, T, None, "cpu")

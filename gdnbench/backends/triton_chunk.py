@@ -68,7 +68,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
         segment_chunks, warm_up = chunk_fused.warm_up_default(layout, case.HV, case.V, p.q.device), True
     segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up) if segment_chunks else None
     walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
-                                               fuse_output, raw_gate=raw) if fused else ("triton", False))
+                                               fuse_output, raw_gate=raw, prep=prep) if fused else ("triton", False))
     prep = chunk_fused.plan_prep(p.k, raw, p.qk_l2norm_in_kernel, prep, walk) if fused else "triton"
     if output_span is None:
         output_span = chunk_fused.output_span_default(layout, case.HV, case.K, segments)
