@@ -633,7 +633,7 @@ def chunk_fused_gdn(
     elif walk == SPECIALIZED:
         chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
                                                  x.ws.final_state if output_final_state else None, lay.seq_bounds,
-                                                 lay.N, x.scale)
+                                                 lay.N, x.scale, _sm_count(q.device))
     else:
         _prep(x, lay, prep)
         if walk in GLUON_WALKS:

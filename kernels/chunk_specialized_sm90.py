@@ -32,7 +32,6 @@ Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU t
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from .chunk_prep_sm90 import unsupported as _prep_unsupported
@@ -150,7 +149,6 @@ if GLUON_MISSING is None:
         ring, made, work, descs, o_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
-        pid = gl.program_id(0)
         step = gl.num_programs(0)
         # the first two chunks' loads; the load cursor then stays two chunks ahead of the computed one
         ld = _first_chunk(n_items, step, seq_bounds, HV, BT)
@@ -230,8 +228,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker(args, HALF: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                        STORE_HT: gl.constexpr):
+                BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
+                STORE_HT: gl.constexpr):
         """Walks this program's items on value columns [HALF * BV, (HALF + 1) * BV)."""
         ring, made, work, descs, o_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
         o_desc = descs[3]
@@ -255,15 +253,13 @@ if GLUON_MISSING is None:
         tma.store_wait(pendings=0)
 
     @gluon.jit
-    def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                        STORE_HT: gl.constexpr):
+    def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
         _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
-    def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                        STORE_HT: gl.constexpr):
+    def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
@@ -311,17 +307,17 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float) -> None:
+                      ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, sms: int) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds ([N, 2]
-    token ranges into the flat batch) from h0 (fp32 [N, HV, K, V], or zero). q, k [B, T, H, 128], v, out
-    [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
+    token ranges into the flat batch) from h0 (fp32 [N, HV, K, V], or zero), in one program per SM (sms: the
+    device's count). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see
+    ``unsupported``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     n_items = N * HV
-    grid = min(n_items, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    _specialized_kernel[(max(grid, 1),)](*descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV,
+    _specialized_kernel[(max(min(n_items, sms), 1),)](*descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV,
                                          K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, USE_H0=h0 is not None,
                                          STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS,
                                          num_warps=WARPS, maxnreg=MAX_REGS)
