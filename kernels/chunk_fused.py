@@ -34,6 +34,12 @@ programs twice as wide fill the GPU, the Gluon walk with the state transposed (`
 ``walk="sm90_transposed"``): 1.15x at qwen3-next B=4 T=8192, 1.09x at parity B=16 T=256; it also walks
 warm-up segments (below), 1.12-1.26x over the Triton walk where they are the default.
 
+On Hopper, on many walks of one or two chunks with the gates given, the prep and the walk run in one
+warp-specialized Gluon kernel instead (``chunk_specialized_sm90``, ``walk=SPECIALIZED``; default: see
+SPECIALIZED_MIN_WALKS): a prep warpgroup one chunk ahead of two walker warpgroups, so that one pair's prep overlaps
+another's walk. 1.01-1.09x there; on longer walks its prep warpgroup's chain sets the pace (0.86x at qwen3-next
+B=4 T=8192, H100).
+
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
 the Triton kernel's L1 / shared-memory traffic, which bounds it (its docstring). 1.24-1.27x on the prep kernel
