@@ -159,7 +159,7 @@ def _check_specialized(case: Case, device: torch.device) -> str | None:
     from gdnbench_kernels import chunk_specialized_sm90
 
     why = _check(case, device)
-    if why or case.K is None or case.V is None:
+    if why:
         return why
     probe = torch.empty(0, case.K, dtype=DTYPES[case.dtype], device=device)  # the kernel's own envelope
     return chunk_specialized_sm90.unsupported(probe, case.V, case.gating == "raw", case.qk_l2norm == "kernel")
@@ -169,5 +169,6 @@ def _check_specialized(case: Case, device: torch.device) -> str | None:
                                                                        check=_check_specialized))
 def triton_chunk_specialized(p: Problem) -> Prepared:
     """triton.chunk_fused with the prep and the walk in one warp-specialized Gluon kernel (an H100/H200, K = V =
-    128, gates given, q and k normalised beforehand): a variant to compare, not yet faster than triton.chunk_fused."""
+    128, gates given, q and k normalised beforehand) on every case, where triton.chunk_fused takes it on many walks
+    of one or two chunks only (chunk_fused.walk_default): slower on longer walks."""
     return _prepare(p, fused=True, walk="sm90_specialized")
