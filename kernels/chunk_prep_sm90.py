@@ -134,8 +134,9 @@ if GLUON_MISSING is None:
         return A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
 
     @gluon.jit
-    def _solve(A, beta_c, d_s, l_s, m_s, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
-        """Ai = (I + A)^-1 diag(beta) (fp32, mma layout) of the strictly lower tile A: with D = blockdiag(Y_b)
+    def _solve(A, d_s, l_s, m_s, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+        """(I + A)^-1 (fp32, mma layout) of the strictly lower tile A; Ai is it times diag(beta), which the callers
+        apply (beta's columns need not stay in registers through the solve). With D = blockdiag(Y_b)
         (``_block_inverses`` through ``scratch``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
         M^3) D with M = D L, in four wgmma products whose operands are rounded to d_s's dtype. d_s, l_s and m_s:
         [BT, BT] operand tiles for D, L and -M."""
@@ -157,7 +158,7 @@ if GLUON_MISSING is None:
         for _ in gl.static_range(BT // 16 - 2):  # P = I - P M; P M's diagonal is 0 (M is strictly block-lower)
             P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), m_s, zero, use_acc=False)
             P = gl.where(diag, P + 1.0, P)
-        return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False) * beta_c[None, :]
+        return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False)
 
     @gluon.jit
     def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices,
@@ -194,8 +195,8 @@ if GLUON_MISSING is None:
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
         diag = A_diag + pid.to(gl.int64) * (BT * 16)  # this program's own [4, 16, 16] fp32 scratch
-        Ai_t = _solve(_gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT, mma), beta_c, d_s, l_s, m_s, diag, False,
-                      BT, mma)
+        Ai_t = _solve(_gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT, mma), d_s, l_s, m_s, diag, False, BT,
+                      mma) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))
             fence_async_shared()

@@ -127,13 +127,15 @@ if GLUON_MISSING is None:
         gate_s.index(1).store(gates[1])
         cta_barrier()
         g_c = gate_s.index(0).load(gl.SliceLayout(0, mma))
-        beta_c = gate_s.index(1).load(gl.SliceLayout(0, mma))
         beta_r = gate_s.index(1).load(gl.SliceLayout(1, mma))
         gc_r, gc_c = _chunk_cumsum(g_c, BT, mma)
         gc_dst.store(gc_c)
         A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, n_valid, BT, mma)
-        Ai = _solve(A, beta_c, d_s, l_s, p_dst, tri_s, True, BT, mma)  # p_dst: -M until the scores
-        ai_dst.store(Ai.to(dt))
+        # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
+        # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
+        Ai = _solve(A, d_s, l_s, p_dst, tri_s, True, BT, mma)  # p_dst: -M until the scores
+        ai_dst.store((Ai * gate_s.index(1).load(gl.SliceLayout(0, mma))[None, :]).to(dt))
+        gc_c = gc_dst.load(gl.SliceLayout(0, mma))
 
         # the gated scores, as chunk_walk_transposed_sm90 stores them: [j, i] = k_j . q_i exp(gc_i - gc_j), i >= j
         PT = warpgroup_mma(k_cur, q_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
