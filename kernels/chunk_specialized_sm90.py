@@ -22,7 +22,12 @@ walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+
 ``chunk_fused.walk_default`` now picks it (``chunk_fused.SPECIALIZED``); 0.86x at qwen3-next B=4 T=8192 and slower
 still on few long walks (it walks whole sequences only, where the default cuts them into warm-up segments). The
 walkers alone take 373 us at B=4 T=8192, under the default path's whole call (651); the prep warpgroup's chain,
-about 11,000 cycles a chunk, sets the pace.
+about 11,000 cycles a chunk, sets the pace. Thirty-fifth session: with no spills in the prep warpgroup, 1.02-1.09x
+faster again (B=4 T=8192: 0.91x of the default path).
+
+ptxas serializes every wgmma of this kernel ("insufficient register resources"): the walkers' (K S)^T and (Q S)^T
+in flight together need 192 registers to pipeline. At 192 / 120 the prep warpgroup spills, which costs more than
+the pipelining gains (BENCHMARKS.md, thirty-fifth session), so asynchronous issue buys no overlap here.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
