@@ -22,8 +22,9 @@ walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+
 ``chunk_fused.walk_default`` now picks it (``chunk_fused.SPECIALIZED``); 0.86x at qwen3-next B=4 T=8192 and slower
 still on few long walks (it walks whole sequences only, where the default cuts them into warm-up segments). The
 walkers alone take 373 us at B=4 T=8192, under the default path's whole call (651); the prep warpgroup's chain,
-about 11,000 cycles a chunk, sets the pace. Thirty-fifth session: with no spills in the prep warpgroup, 1.02-1.09x
-faster again (B=4 T=8192: 0.91x of the default path).
+about 11,000 cycles a chunk, sets the pace. Thirty-fifth session: with no spills in the prep warpgroup and its
+gates loaded two chunks ahead, 1.02-1.11x faster again (B=4 T=8192: 0.92x of the default path), and the default on
+256+ about equal walks of up to eight chunks too (1.00-1.13x there).
 
 ptxas serializes every wgmma of this kernel ("insufficient register resources"): the walkers' (K S)^T and (Q S)^T
 in flight together need 192 registers to pipeline. At 192 / 120 the prep warpgroup spills, which costs more than
@@ -110,15 +111,16 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _prep_gates(g, beta, cursor, n_items, HV: gl.constexpr, BT: gl.constexpr):
         """(g, beta) of the ``_next_chunk`` cursor's chunk (0 past the sequence's end, or past the last item), one
-        token a thread: loaded a chunk ahead, in few registers, and spread over the mma tiles' layouts through
-        shared memory when used (``_prep_chunk``)."""
+        token a thread: loaded two chunks ahead, in few registers, and spread over the mma tiles' layouts through
+        shared memory when used (``_prep_chunk``). In their own dtypes: a conversion here would wait for the loads
+        (clock64 stamps: about 1,900 cycles a chunk, BENCHMARKS.md, thirty-fifth session)."""
         L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         i = gl.arange(0, BT, layout=L)
         item, t, _, i_h, bos, eos = cursor
         tok = bos + t * BT
         live = (i < eos - tok) & (item < n_items)
-        return (gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32),
-                gl.load(beta + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32))
+        return gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0), gl.load(beta + (tok + i) * HV + i_h, mask=live,
+                                                                                other=0.0)
 
     @gluon.jit
     def _prep_chunk(tok, n_valid, i_h, gates, k_cur, q_cur, ai_dst, p_dst, gc_dst, work, HV: gl.constexpr,
@@ -128,8 +130,8 @@ if GLUON_MISSING is None:
         d_s, l_s, tri_s, gate_s = work
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        gate_s.index(0).store(gates[0])  # one round trip for the three layouts (the last chunk's reads: its end)
-        gate_s.index(1).store(gates[1])
+        gate_s.index(0).store(gates[0].to(gl.float32))  # one round trip for the three layouts (the last chunk's
+        gate_s.index(1).store(gates[1].to(gl.float32))  # reads: its end)
         cta_barrier()
         g_c = gate_s.index(0).load(gl.SliceLayout(0, mma))
         beta_r = gate_s.index(1).load(gl.SliceLayout(1, mma))
@@ -157,17 +159,20 @@ if GLUON_MISSING is None:
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         step = gl.num_programs(0)
-        # the first two chunks' loads; the load cursor then stays two chunks ahead of the computed one
-        ld = _first_chunk(n_items, step, seq_bounds, HV, BT)
-        cur = ld
-        for i in gl.static_range(2):
-            _load_chunk(ld, i, ring, descs, n_items, H, HV, K, BT, BV, NA)
-            ld = _next_chunk(ld, n_items, step, seq_bounds, HV, BT)
+        # the first two chunks' loads; the load cursor then stays two chunks ahead of the computed one (cur), and
+        # the next chunk's cursor (nxt) is the load cursor's previous one: no bounds loaded twice
+        cur = _first_chunk(n_items, step, seq_bounds, HV, BT)
+        _load_chunk(cur, 0, ring, descs, n_items, H, HV, K, BT, BV, NA)
+        nxt = _next_chunk(cur, n_items, step, seq_bounds, HV, BT)
+        _load_chunk(nxt, 1, ring, descs, n_items, H, HV, K, BT, BV, NA)
+        ld = _next_chunk(nxt, n_items, step, seq_bounds, HV, BT)
         gates = _prep_gates(g, beta, cur, n_items, HV, BT)
+        gates_next = _prep_gates(g, beta, nxt, n_items, HV, BT)
         it = 0
         while cur[0] < n_items:
-            nxt = _next_chunk(cur, n_items, step, seq_bounds, HV, BT)
-            gates_next = _prep_gates(g, beta, nxt, n_items, HV, BT)  # in flight through this chunk
+            # two chunks ahead: the copy into gates_next at the loop's end waits for the loads (1.00-1.04x over one
+            # chunk ahead, BENCHMARKS.md, thirty-fifth session)
+            gates_far = _prep_gates(g, beta, ld, n_items, HV, BT)
             s = it % NA
             cs = it % NC
             mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
@@ -178,9 +183,11 @@ if GLUON_MISSING is None:
             mbarrier.arrive(c_ready.index(cs), count=1)
             # chunk it + 2 into the stage of chunk it - 1, which the walkers leave while this one was computed
             _load_chunk(ld, it + 2, ring, descs, n_items, H, HV, K, BT, BV, NA)
-            ld = _next_chunk(ld, n_items, step, seq_bounds, HV, BT)
             cur = nxt
+            nxt = ld
+            ld = _next_chunk(ld, n_items, step, seq_bounds, HV, BT)
             gates = gates_next
+            gates_next = gates_far
             it += 1
 
     @gluon.jit

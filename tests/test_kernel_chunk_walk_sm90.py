@@ -164,12 +164,17 @@ def test_walk_choice_and_its_errors():
     (4, 1024, 4, "triton", 64),  # 64 programs: under half the SMs (the Triton path's output pass wins)
     (16, 256, 8, "sm90_transposed", None),  # 512 at BV 32, 256 at BV 64: one wave of two per SM
     (4, 8192, 32, "sm90_transposed", None),
-    (16, 192, 8, "triton", None),  # walks of 3 chunks: shorter than measured
-    (32, 128, 8, "triton", None),  # 256 walks of 2 chunks: fewer than the specialized kernel needs there
-    (64, 128, 8, "sm90_specialized", None),  # 512 walks of 2 chunks: the prep in the walk's kernel
+    (16, 192, 8, "triton", None),  # 128 walks of 3 chunks: fewer than the specialized kernel needs there
+    (32, 128, 8, "sm90_specialized", None),  # 256 walks of 2 chunks: the prep in the walk's kernel
+    (64, 128, 8, "sm90_specialized", None),
     (64, 64, 8, "sm90_specialized", None),  # 512 walks of one chunk
+    (16, 64, 8, "sm90_specialized", None),  # 128 walks of one chunk
     (8, 64, 8, "triton", None),  # 64 walks of one chunk: fewer than measured
-    (64, 256, 8, "sm90_transposed", None),  # 1024 programs at BV 64: four per SM, on walks of 4 chunks
+    (16, 128, 8, "triton", None),  # 128 walks of 2 chunks
+    (64, 256, 8, "sm90_specialized", None),  # 512 walks of 4 chunks, where the transposed walk ran
+    (24, 256, 8, "sm90_transposed", None),  # 192 walks of 4 chunks: 384 programs at BV 64
+    (32, 512, 8, "sm90_specialized", None),  # 256 walks of 8 chunks
+    (32, 576, 8, "sm90_transposed", None),  # 256 walks of 9 chunks: longer than measured faster
     (16, 1024, 32, "sm90_transposed", None),
     (2, 8192, 32, "sm90", None),  # 128 at BV 64: one per SM, where two of BV 32 do better
 ])
@@ -192,6 +197,24 @@ def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipelin
         chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up, walk="sm90")
     if walk == "sm90":
         assert chunk_fused.pipeline_default(layout, HV, True, walk=walk) == pipeline
+
+
+@pytest.mark.parametrize("lengths,walk", [
+    ([448] * 64, "sm90_specialized"),  # 256 equal walks of 7 chunks
+    ([448] + [64] * 63, "sm90_transposed"),  # 256 walks, the longest 7 chunks, the others one: 0.16 of 64 such
+])
+def test_specialized_kernel_only_on_about_equal_walks(lengths, walk, monkeypatch):
+    """walk_default on varlen sequences (HV = 4, a faked H100): the warp-specialized kernel takes whole sequences
+    in turn, so unequal ones leave programs idle (parity varlen N=64 T=6656: 0.74x), and it runs only where the
+    walks' chunks are SPECIALIZED_MIN_FILL of as many walks as long as the longest."""
+    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
+
+    for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
+        monkeypatch.setattr(module, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    layout = chunk.ChunkLayout.build(1, sum(lengths), cu, "cpu")
+    assert chunk_fused.walk_default(layout, torch.empty(1, sum(lengths), 4, 128), 128, 4, False) == walk
 
 
 def test_plan_walk_keeps_an_explicit_output_pass_on_the_triton_walk(monkeypatch):
