@@ -66,6 +66,17 @@ if GLUON_MISSING is None:
         else:
             return tri_s._reinterpret(gl.float32, shape, plain)
 
+    BAND = gl.constexpr(gl.SharedLinearLayout(
+        offset_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4], [0, 8], [16, 0], [32, 0]]))
+
+    @gluon.jit
+    def _band(tri_s):
+        """The diagonal blocks' part of tri_s (DIAGONAL_FIRST) as [64, 16]: [16 b + i, k] = A[16 b + i, 16 b + k]."""
+        if _NEW_REINTERPRET:
+            return tri_s.reinterpret(gl.float32, [64, 16], BAND)
+        else:
+            return tri_s._reinterpret(gl.float32, [64, 16], BAND)
+
     @gluon.jit
     def _block_inverses(A, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
         """D = blockdiag(Y_b), Y_b = (I + A_b)^-1, of the fp32 tile A's four diagonal 16 x 16 blocks (in and out in
@@ -77,7 +88,8 @@ if GLUON_MISSING is None:
         The columns come from ``scratch``: this program's [4, 16, 16] fp32 in global memory (L1-resident,
         [b, k, i] = A_b[i, k], the diagonal blocks only; the prep kernel's, 2.5-4.7% faster there than shared
         memory, BENCHMARKS.md, thirty-fourth session), or with IN_SHARED a [64, 64] fp32 shared tile in
-        DIAGONAL_FIRST (all of A, its diagonal blocks first)."""
+        DIAGONAL_FIRST, of which only the diagonal blocks are written and read (``_band``; 1.04-1.08x over the
+        whole tile in the warp-specialized kernel, BENCHMARKS.md, thirty-fifth session)."""
         L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[2, 16, 1],
                                             warps_per_cta=[2, 2, 1], order=[2, 1, 0])  # [b, c, i]
         Lbi: gl.constexpr = gl.SliceLayout(1, L3)
@@ -91,7 +103,14 @@ if GLUON_MISSING is None:
         c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbc)), 0), 2)
         i3 = gl.expand_dims(gl.expand_dims(ii, 0), 1)
         if IN_SHARED:  # (the previous chunk's reads end in a barrier: chunk_specialized_sm90._prep_chunk's)
-            scratch.store(A)
+            # A's diagonal blocks picked out of each thread's registers (the column blocks are register bits of
+            # mma), 8 of its 32 values stored: the mma layout meets the tile's banks 4 ways
+            A3 = gl.reshape(A, [BT, BT // 16, 16])
+            L3A: gl.constexpr = A3.type.layout
+            bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
+            ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
+            keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
+            _band(scratch).store(gl.sum(gl.where(keep, A3, 0.0), axis=1))
             blocks = _flat(scratch, [16, 256]).slice(0, BT // 16, dim=0)
         else:
             gl.store(scratch + (r // 16)[:, None] * 256 + (c % 16)[None, :] * 16 + (r % 16)[:, None], A, mask=same)
@@ -108,7 +127,8 @@ if GLUON_MISSING is None:
         if IN_SHARED:  # [b, c, i] = Y_b[i, c]: where DIAGONAL_FIRST keeps D[16 b + i, 16 b + c]
             _flat(scratch, [16, 16, 16]).slice(0, BT // 16, dim=0).store(Y)
             cta_barrier()
-            return gl.where(same, scratch.load(mma), 0.0)
+            band = _band(scratch).load(gl.SliceLayout(1, L3A))  # and D back from its diagonal blocks alone
+            return gl.convert_layout(gl.reshape(gl.where(keep, gl.expand_dims(band, 1), 0.0), [BT, BT]), mma)
         else:
             gl.store(scratch + b3 * 256 + i3 * 16 + c3, Y)
             cta_barrier()
