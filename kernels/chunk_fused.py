@@ -38,7 +38,7 @@ On Hopper, on many (256+) about equal walks of up to eight chunks (one chunk: 12
 and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``, ``walk=SPECIALIZED``;
 default: see SPECIALIZED_MIN_WALKS): a prep warpgroup one chunk ahead of two walker warpgroups, so that one pair's
 prep overlaps another's walk. 1.00-1.13x there; on fewer or longer walks its prep warpgroup's chain sets the pace
-(0.91x at qwen3-next B=4 T=8192, H100).
+(0.95x at qwen3-next B=4 T=8192, H100).
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -266,7 +266,7 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
 GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
 # walk=SPECIALIZED: the prep and the walk in one warp-specialized kernel for Hopper (chunk_specialized_sm90); the
 # default on many short walks (walk_default, SPECIALIZED_MIN_WALKS). On fewer or longer walks its prep warpgroup's
-# chain sets the pace: qwen3-next B=4 T=8192 0.91x, parity B=16 T=256 0.95x (BENCHMARKS.md, thirty-fifth session).
+# chain sets the pace: qwen3-next B=4 T=8192 0.95x, parity B=16 T=256 1.00x (BENCHMARKS.md, thirty-fifth session).
 SPECIALIZED = "sm90_specialized"
 
 

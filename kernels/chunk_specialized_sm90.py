@@ -22,9 +22,9 @@ walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+
 ``chunk_fused.walk_default`` now picks it (``chunk_fused.SPECIALIZED``); 0.86x at qwen3-next B=4 T=8192 and slower
 still on few long walks (it walks whole sequences only, where the default cuts them into warm-up segments). The
 walkers alone take 373 us at B=4 T=8192, under the default path's whole call (651); the prep warpgroup's chain,
-about 11,000 cycles a chunk, sets the pace. Thirty-fifth session: with no spills in the prep warpgroup and its
-gates loaded two chunks ahead, 1.02-1.11x faster again (B=4 T=8192: 0.92x of the default path), and the default on
-256+ about equal walks of up to eight chunks too (1.00-1.13x there).
+about 11,000 cycles a chunk, sets the pace. Thirty-fifth session: with no spills in the prep warpgroup, its gates
+loaded two chunks ahead and its block inverses through the diagonal blocks alone, 1.12-1.19x faster again (B=4
+T=8192: 0.95x of the default path), and the default on 256+ about equal walks of up to eight chunks too.
 
 ptxas serializes every wgmma of this kernel ("insufficient register resources"): the walkers' (K S)^T and (Q S)^T
 in flight together need 192 registers to pipeline. At 192 / 120 the prep warpgroup spills, which costs more than
