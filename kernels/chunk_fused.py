@@ -253,8 +253,7 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
     if not over.NT:
         return
     if prep == "sm90":
-        chunk_prep_sm90.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, x.ws.A_diag[first_chunk:], over.seq_bounds,
-                                   over.chunk_indices, x.HV)
+        chunk_prep_sm90.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, over.seq_bounds, over.chunk_indices, x.HV)
     else:
         _chunk_prep_kernel[(over.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,

@@ -9,8 +9,8 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
 
   - the key tile comes by TMA straight into the wgmma's shared-memory layout (Triton loads it into
     registers, then stores it to shared memory);
-  - A's diagonal 16 x 16 blocks go to the scratch from the wgmma's own register layout (Triton converts
-    the whole [64, 64] fp32 tile through shared memory first, to store a quarter of it);
+  - A's diagonal 16 x 16 blocks go to a 4 KB shared band from the wgmma's own register layout (Triton converts
+    the whole [64, 64] fp32 tile through shared memory first, to store a quarter of it in a global scratch);
   - each block is inverted by forward substitution with one column of the inverse per thread,
     (I + A_b) Y = I column by column: the column stays in the thread's registers, and each step reads
     one column of A_b, the same for the block's 16 threads (Triton's column substitution sums along a
@@ -38,8 +38,8 @@ from torch import Tensor
 from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
 
 if GLUON_MISSING is None:
-    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store, \
-        warpgroup_mma
+    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load, \
+        tma_store, warpgroup_mma
 
 __all__ = ["chunk_prep", "unsupported", "describe"]
 
@@ -49,91 +49,55 @@ HEAD_DIMS = (64, 128, 256)
 
 
 if GLUON_MISSING is None:
-    _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # _reinterpret in 3.6
-    # A [64, 64] fp32 tile in shared memory with its diagonal 16 x 16 blocks first, [b, k, i] = A[16 b + i, 16 b + k]:
-    # offset bits i (4), k (4), b (2), then the block-column distance h = b_c ^ b_r (2), a bijection
-    DIAGONAL_FIRST = gl.constexpr(gl.SharedLinearLayout(
-        offset_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4], [0, 8], [16, 16], [32, 32], [0, 16],
-                      [0, 32]]))
-
-    @gluon.jit
-    def _flat(tri_s, shape: gl.constexpr):
-        """tri_s (DIAGONAL_FIRST) as a row-major tensor of ``shape`` ([16, 256] or [16, 16, 16]), whose first four
-        rows hold the diagonal blocks, [b, k * 16 + i] or [b, k, i]."""
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=list(range(len(shape) - 1, -1, -1)))
-        if _NEW_REINTERPRET:
-            return tri_s.reinterpret(gl.float32, shape, plain)
-        else:
-            return tri_s._reinterpret(gl.float32, shape, plain)
-
+    # A's four diagonal 16 x 16 blocks in shared memory as [64, 16] fp32 (4 KB), [16 b + i, k] = A[16 b + i, 16 b + k]
+    # at offset 256 b + 16 k + i: stored from the mma layout's rows, read flat by columns (``_flat``)
     BAND = gl.constexpr(gl.SharedLinearLayout(
         offset_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4], [0, 8], [16, 0], [32, 0]]))
 
     @gluon.jit
-    def _band(tri_s):
-        """The diagonal blocks' part of tri_s (DIAGONAL_FIRST) as [64, 16]: [16 b + i, k] = A[16 b + i, 16 b + k]."""
-        if _NEW_REINTERPRET:
-            return tri_s.reinterpret(gl.float32, [64, 16], BAND)
-        else:
-            return tri_s._reinterpret(gl.float32, [64, 16], BAND)
+    def _flat(band_s, shape: gl.constexpr):
+        """band_s (BAND) as a row-major tensor of ``shape``, [4, 256] ([b, k * 16 + i]) or [4, 16, 16] ([b, k, i])."""
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=list(range(len(shape) - 1, -1, -1)))
+        return reinterpret(band_s, gl.float32, shape, plain)
 
     @gluon.jit
-    def _block_inverses(A, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+    def _block_inverses(A, band_s, BT: gl.constexpr, mma: gl.constexpr):
         """D = blockdiag(Y_b), Y_b = (I + A_b)^-1, of the fp32 tile A's four diagonal 16 x 16 blocks (in and out in
         the layout mma), by forward substitution, each thread holding column c of one Y_b in registers (each
         column twice over the four warps). Step k reads column k of every A_b, the same for the block's 16
         threads, takes Y_b[k, c], final by then, and subtracts its share from the rows below. The -0.0 and 0.0 of
         the selects along the in-thread axis fold away in compilation.
 
-        The columns come from ``scratch``: this program's [4, 16, 16] fp32 in global memory (L1-resident,
-        [b, k, i] = A_b[i, k], the diagonal blocks only; the prep kernel's, 2.5-4.7% faster there than shared
-        memory, BENCHMARKS.md, thirty-fourth session), or with IN_SHARED a [64, 64] fp32 shared tile in
-        DIAGONAL_FIRST, of which only the diagonal blocks are written and read (``_band``; 1.04-1.08x over the
-        whole tile in the warp-specialized kernel, BENCHMARKS.md, thirty-fifth session)."""
+        The blocks go through band_s (BAND, 4 KB), each thread storing the 8 of its 32 values of A that lie in
+        them: the whole tile through shared memory meets the banks 4 ways in the mma layout, and a global
+        scratch (L1-resident) was 1.02-1.03x slower in the prep kernel (BENCHMARKS.md, thirty-sixth session). The
+        caller orders band_s's reuse (the previous chunk's reads end in a barrier in
+        chunk_specialized_sm90._prep_chunk)."""
         L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[2, 16, 1],
                                             warps_per_cta=[2, 2, 1], order=[2, 1, 0])  # [b, c, i]
         Lbi: gl.constexpr = gl.SliceLayout(1, L3)
         Lbc: gl.constexpr = gl.SliceLayout(2, L3)
-        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
-        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-        same = (r // 16)[:, None] == (c // 16)[None, :]
-        bb = gl.arange(0, BT // 16, layout=gl.SliceLayout(1, Lbi))
-        ii = gl.arange(0, 16, layout=gl.SliceLayout(0, Lbi))
-        b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, BT // 16, layout=gl.SliceLayout(1, Lbc)), 1), 2)
         c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbc)), 0), 2)
-        i3 = gl.expand_dims(gl.expand_dims(ii, 0), 1)
-        if IN_SHARED:  # (the previous chunk's reads end in a barrier: chunk_specialized_sm90._prep_chunk's)
-            # A's diagonal blocks picked out of each thread's registers (the column blocks are register bits of
-            # mma), 8 of its 32 values stored: the mma layout meets the tile's banks 4 ways
-            A3 = gl.reshape(A, [BT, BT // 16, 16])
-            L3A: gl.constexpr = A3.type.layout
-            bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
-            ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
-            keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
-            _band(scratch).store(gl.sum(gl.where(keep, A3, 0.0), axis=1))
-            blocks = _flat(scratch, [16, 256]).slice(0, BT // 16, dim=0)
-        else:
-            gl.store(scratch + (r // 16)[:, None] * 256 + (c % 16)[None, :] * 16 + (r % 16)[:, None], A, mask=same)
+        i3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbi)), 0), 1)
+        # the blocks picked out of each thread's registers: mma's column blocks are register bits
+        A3 = gl.reshape(A, [BT, BT // 16, 16])
+        L3A: gl.constexpr = A3.type.layout
+        bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
+        ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
+        keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
+        band_s.store(gl.sum(gl.where(keep, A3, 0.0), axis=1))
+        columns = _flat(band_s, [BT // 16, 256])
         cta_barrier()  # the columns were written by other threads
         Y = gl.where(i3 == c3, 1.0, 0.0) + gl.zeros([BT // 16, 16, 16], gl.float32, L3)
         for k in gl.static_range(16):
-            if IN_SHARED:
-                a_k = blocks.slice(k * 16, 16, dim=1).load(Lbi)  # A_b[i, k]
-            else:
-                a_k = gl.load(scratch + bb[:, None] * 256 + k * 16 + ii[None, :])
+            a_k = columns.slice(k * 16, 16, dim=1).load(Lbi)  # A_b[i, k]
             y_k = gl.sum(gl.where(i3 == k, Y, -0.0), axis=2)  # Y_b[k, c]
             Y = Y - gl.where(i3 > k, gl.expand_dims(a_k, 1) * gl.expand_dims(y_k, 2), 0.0)
         cta_barrier()  # every column of A_b read before Y_b takes its place
-        if IN_SHARED:  # [b, c, i] = Y_b[i, c]: where DIAGONAL_FIRST keeps D[16 b + i, 16 b + c]
-            _flat(scratch, [16, 16, 16]).slice(0, BT // 16, dim=0).store(Y)
-            cta_barrier()
-            band = _band(scratch).load(gl.SliceLayout(1, L3A))  # and D back from its diagonal blocks alone
-            return gl.convert_layout(gl.reshape(gl.where(keep, gl.expand_dims(band, 1), 0.0), [BT, BT]), mma)
-        else:
-            gl.store(scratch + b3 * 256 + i3 * 16 + c3, Y)
-            cta_barrier()
-            return gl.load(scratch + (r // 16)[:, None] * 256 + (r % 16)[:, None] * 16 + (c % 16)[None, :], mask=same,
-                           other=0.0)
+        _flat(band_s, [BT // 16, 16, 16]).store(Y)  # [b, c, i] = Y_b[i, c]: where BAND keeps D[16 b + i, 16 b + c]
+        cta_barrier()
+        band = band_s.load(gl.SliceLayout(1, L3A))
+        return gl.convert_layout(gl.reshape(gl.where(keep, gl.expand_dims(band, 1), 0.0), [BT, BT]), mma)
 
     @gluon.jit
     def _chunk_cumsum(g_c, BT: gl.constexpr, mma: gl.constexpr):
@@ -154,10 +118,10 @@ if GLUON_MISSING is None:
         return A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
 
     @gluon.jit
-    def _solve(A, d_s, l_s, m_s, scratch, IN_SHARED: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr):
+    def _solve(A, d_s, l_s, m_s, band_s, BT: gl.constexpr, mma: gl.constexpr):
         """(I + A)^-1 (fp32, mma layout) of the strictly lower tile A; Ai is it times diag(beta), which the callers
         apply (beta's columns need not stay in registers through the solve). With D = blockdiag(Y_b)
-        (``_block_inverses`` through ``scratch``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
+        (``_block_inverses`` through ``band_s``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
         M^3) D with M = D L, in four wgmma products whose operands are rounded to d_s's dtype. d_s, l_s and m_s:
         [BT, BT] operand tiles for D, L and -M."""
         dt: gl.constexpr = d_s.dtype
@@ -166,7 +130,7 @@ if GLUON_MISSING is None:
         blk_r = r // 16
         blk_c = c // 16
         l_s.store(gl.where(blk_r[:, None] > blk_c[None, :], A, 0.0).to(dt))
-        d_s.store(_block_inverses(A, scratch, IN_SHARED, BT, mma).to(dt))
+        d_s.store(_block_inverses(A, band_s, BT, mma).to(dt))
         fence_async_shared()
         diag = r[:, None] == c[None, :]
         zero = gl.zeros([BT, BT], gl.float32, mma)
@@ -181,7 +145,7 @@ if GLUON_MISSING is None:
         return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False)
 
     @gluon.jit
-    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices,
+    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, seq_bounds, chunk_indices,
                            H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
         pid = gl.program_id(0)
         i_c = pid // HV  # value heads fastest, as chunk._chunk_program: GVA heads share the key tile in L2
@@ -197,6 +161,7 @@ if GLUON_MISSING is None:
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
         m_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
+        band_s = gl.allocate_shared_memory(gl.float32, [BT, 16], BAND)
         bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bar.index(0), count=1)
         mbarrier.expect(bar.index(0), k_desc.block_type.nbytes)
@@ -214,9 +179,8 @@ if GLUON_MISSING is None:
 
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
-        diag = A_diag + pid.to(gl.int64) * (BT * 16)  # this program's own [4, 16, 16] fp32 scratch
-        Ai_t = _solve(_gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT, mma), d_s, l_s, m_s, diag, False, BT,
-                      mma) * beta_c[None, :]
+        A = _gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT, mma)
+        Ai_t = _solve(A, d_s, l_s, m_s, band_s, BT, mma) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))
             fence_async_shared()
@@ -241,17 +205,16 @@ def unsupported(k: Tensor, raw_gate: bool, qk_l2norm: bool) -> str | None:
     return None
 
 
-def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, A_diag: Tensor, seq_bounds: Tensor,
-               chunk_indices: Tensor, HV: int) -> None:
+def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, seq_bounds: Tensor, chunk_indices: Tensor,
+               HV: int) -> None:
     """gc [tokens, HV] (fp32) and Ai [tokens, HV, 64] of the chunks in chunk_indices ([NT, 2]: sequence, chunk
     within it) of the sequences in seq_bounds ([N, 2] token ranges), as ``chunk_fused._chunk_prep_fn`` computes
-    them; A_diag: the chunks' fp32 scratch, [NT, HV, 64, 16] at least. k [B, T, H, K], g, beta [B, T, HV], all
-    contiguous (see ``unsupported``)."""
+    them. k [B, T, H, K], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K = k.shape[2], k.shape[3]
     tokens = k.shape[0] * k.shape[1]
     NT = chunk_indices.shape[0]
     descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
-    _chunk_prep_kernel[(NT * HV,)](*descs, Ai, g, beta, gc, A_diag, seq_bounds, chunk_indices, H=H, HV=HV, K=K, BT=BT,
+    _chunk_prep_kernel[(NT * HV,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, H=H, HV=HV, K=K, BT=BT,
                                    num_warps=WARPS)
 
 

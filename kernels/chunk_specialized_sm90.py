@@ -13,7 +13,7 @@ Here one program per SM takes (sequence, value head) pairs in turn, and its thre
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (225 KB, one program per SM): k, q and v in three stages (the prep loads chunk c + 2 once it has
+Shared memory (213 KB, one program per SM): k, q and v in three stages (the prep loads chunk c + 2 once it has
 computed c, while the walkers walk c - 1), Ai, P^T and gc in two. Registers: setmaxnreg gives the walkers 184
 each and the prep 136.
 
@@ -45,7 +45,7 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import DIAGONAL_FIRST, _chunk_cumsum, _gated_kkt, _solve
+    from .chunk_prep_sm90 import BAND, _chunk_cumsum, _gated_kkt, _solve
     from .chunk_walk_transposed_sm90 import _scores_store, _state_offsets
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store,
                                warpgroup_mma, warpgroup_mma_wait)
@@ -127,7 +127,7 @@ if GLUON_MISSING is None:
                     BT: gl.constexpr):
         """gc, Ai and P^T of one chunk (``chunk_prep_sm90``'s math and rounding for gc and Ai) into gc_dst, ai_dst
         and p_dst; k_cur and q_cur hold its tiles, gates its ``_prep_gates``."""
-        d_s, l_s, tri_s, gate_s = work
+        d_s, l_s, band_s, gate_s = work
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gate_s.index(0).store(gates[0].to(gl.float32))  # one round trip for the three layouts (the last chunk's
@@ -140,7 +140,7 @@ if GLUON_MISSING is None:
         A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, n_valid, BT, mma)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
-        Ai = _solve(A, d_s, l_s, p_dst, tri_s, True, BT, mma)  # p_dst: -M until the scores
+        Ai = _solve(A, d_s, l_s, p_dst, band_s, BT, mma)  # p_dst: -M until the scores
         ai_dst.store((Ai * gate_s.index(1).load(gl.SliceLayout(0, mma))[None, :]).to(dt))
         gc_c = gc_dst.load(gl.SliceLayout(0, mma))
 
@@ -292,7 +292,7 @@ if GLUON_MISSING is None:
         o_s = gl.allocate_shared_memory(dt, [2, BT, BV], o_desc.layout)
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
-        tri_s = gl.allocate_shared_memory(gl.float32, [BT, BT], DIAGONAL_FIRST)
+        band_s = gl.allocate_shared_memory(gl.float32, [BT, 16], BAND)
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
@@ -306,7 +306,7 @@ if GLUON_MISSING is None:
         ring = (k_s, q_s, v_s, kq_ready, kq_free)  # loaded by the prep warpgroup, read by all
         made = (ai_s, p_s, gc_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
         gate_s = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        work = (d_s, l_s, tri_s, gate_s)  # the prep warpgroup's own
+        work = (d_s, l_s, band_s, gate_s)  # the prep warpgroup's own
         args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), o_s, seq_bounds, g, beta, o, h0, ht, scale, n_items)
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)),

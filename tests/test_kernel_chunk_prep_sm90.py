@@ -33,7 +33,7 @@ def test_prep_compiles_for_sm90_in_five_programs_per_sm(dtype, K):
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
     const = dict(H=2, HV=4, K=K, BT=prep.BT)
     sig = dict(k_desc=desc([64, K]), ai_desc=desc([64, 64]), Ai=f"*{dtype}", g="*fp32", beta=f"*{dtype}", gc="*fp32",
-               A_diag="*fp32", seq_bounds="*i64", chunk_indices="*i32", **{name: "constexpr" for name in const})
+               seq_bounds="*i64", chunk_indices="*i32", **{name: "constexpr" for name in const})
     compiled = compile_sm90(prep._chunk_prep_kernel, sig, const, interpreted=False, num_warps=prep.WARPS)
     # latency bound: programs side by side on an SM hide it; shared memory leaves room for five up to K = 128
     # (four by registers), three at K = 256 (a 32 KB key tile)
