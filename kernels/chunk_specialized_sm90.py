@@ -13,22 +13,22 @@ Here one program per SM takes (sequence, value head) pairs in turn, and its thre
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (213 KB, one program per SM): k, q and v in three stages (the prep loads chunk c + 2 once it has
-computed c, while the walkers walk c - 1), Ai, P^T and gc in two. Registers: setmaxnreg gives the walkers 184
-each and the prep 136.
+Shared memory (221 KB, one program per SM): k, q and v in three stages (the prep loads chunk c + 2 once it has
+computed c, while the walkers walk c - 1), Ai, P^T and gc in two (the Ai stage holds L during the solve); each
+walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half then takes the output on its way out by TMA.
+Registers: setmaxnreg gives the walkers 176 each and the prep 152.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
-walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two, where
-``chunk_fused.walk_default`` now picks it (``chunk_fused.SPECIALIZED``); 0.86x at qwen3-next B=4 T=8192 and slower
-still on few long walks (it walks whole sequences only, where the default cuts them into warm-up segments). The
-walkers alone take 373 us at B=4 T=8192, under the default path's whole call (651); the prep warpgroup's chain,
-about 11,000 cycles a chunk, sets the pace. Thirty-fifth session: with no spills in the prep warpgroup, its gates
-loaded two chunks ahead and its block inverses through the diagonal blocks alone, 1.12-1.19x faster again (B=4
-T=8192: 0.95x of the default path), and the default on 256+ about equal walks of up to eight chunks too.
+walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two; 0.86x at
+qwen3-next B=4 T=8192 and slower still on few long walks (it walks whole sequences only, where the default cuts
+them into warm-up segments). The prep warpgroup's chain, about 11,000 cycles a chunk, set the pace. Thirty-fifth
+session: with no spills in the prep warpgroup, its gates loaded two chunks ahead and its block inverses through
+the diagonal blocks alone, 1.12-1.19x faster again (B=4 T=8192: 0.95x of the default path).
 
-ptxas serializes every wgmma of this kernel ("insufficient register resources"): the walkers' (K S)^T and (Q S)^T
-in flight together need 192 registers to pipeline. At 192 / 120 the prep warpgroup spills, which costs more than
-the pipelining gains (BENCHMARKS.md, thirty-fifth session), so asynchronous issue buys no overlap here.
+Thirty-sixth session: with S^T as the walkers' A operand in registers, ptxas serialized every wgmma of this
+kernel ("insufficient register resources"), so that no asynchronous issue overlapped anything. S^T from shared
+memory leaves the walkers 128 registers of tiles in flight, and the wgmmas pipeline: 1.02-1.14x (B=4 T=8192: 1.14x,
+now 1.05x faster than the two-kernel path). ``chunk_fused.walk_default`` picks this kernel where it wins (``SPECIALIZED_*``).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -47,8 +47,8 @@ from .gluon_hopper import GLUON_MISSING, descriptor
 if GLUON_MISSING is None:
     from .chunk_prep_sm90 import BAND, _chunk_cumsum, _gated_kkt, _solve
     from .chunk_walk_transposed_sm90 import _scores_store, _state_offsets
-    from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load, tma_store,
-                               warpgroup_mma, warpgroup_mma_wait)
+    from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load,
+                               tma_store, warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["chunk_specialized", "unsupported", "describe"]
 
@@ -57,8 +57,8 @@ BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
 NC = 2  # stages of Ai, P^T and gc
 WARPS = 4  # per warpgroup: the default one walks columns 0-63
-WALK_REGS = 184  # of 504 for the three (168 each at launch); 184 / 136 measured best of 200 / 104 to 168 / 168
-PREP_REGS = 136
+WALK_REGS = 176  # of 504 for the three (168 each at launch); at 168 / 168 ptxas serializes the wgmmas again
+PREP_REGS = 152
 MAX_REGS = (2 * WALK_REGS + PREP_REGS) // 3  # at launch, for three warpgroups; setmaxnreg moves them
 
 
@@ -127,7 +127,7 @@ if GLUON_MISSING is None:
                     BT: gl.constexpr):
         """gc, Ai and P^T of one chunk (``chunk_prep_sm90``'s math and rounding for gc and Ai) into gc_dst, ai_dst
         and p_dst; k_cur and q_cur hold its tiles, gates its ``_prep_gates``."""
-        d_s, l_s, band_s, gate_s = work
+        d_s, band_s, gate_s = work
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gate_s.index(0).store(gates[0].to(gl.float32))  # one round trip for the three layouts (the last chunk's
@@ -140,7 +140,7 @@ if GLUON_MISSING is None:
         A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, n_valid, BT, mma)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
-        Ai = _solve(A, d_s, l_s, p_dst, band_s, BT, mma)  # p_dst: -M until the scores
+        Ai = _solve(A, d_s, ai_dst, p_dst, band_s, BT, mma)  # ai_dst: L until Ai, p_dst: -M until the scores
         ai_dst.store((Ai * gate_s.index(1).load(gl.SliceLayout(0, mma))[None, :]).to(dt))
         gc_c = gc_dst.load(gl.SliceLayout(0, mma))
 
@@ -155,7 +155,7 @@ if GLUON_MISSING is None:
                         STORE_HT: gl.constexpr):
         """Loads every chunk's tiles two chunks ahead and computes its gc, Ai and P^T one stage ahead of the
         walkers."""
-        ring, made, work, descs, o_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         step = gl.num_programs(0)
@@ -191,9 +191,10 @@ if GLUON_MISSING is None:
             it += 1
 
     @gluon.jit
-    def _walk_chunk(it, tok, eos, S, ring, made, o_s, o_desc, o, col_v, scale, HALF: gl.constexpr, HV: gl.constexpr,
+    def _walk_chunk(it, tok, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr, HV: gl.constexpr,
                     V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
-        """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output. Returns S."""
+        """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output. s_s: this walker's
+        [BV, K] tile for S^T and the output. Returns S."""
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         dt: gl.constexpr = k_s.dtype
@@ -204,12 +205,17 @@ if GLUON_MISSING is None:
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         valid = (tok + c < eos)[None, :]
         zero = gl.zeros([BV, BT], gl.float32, mma)
+        # S^T goes to shared memory for (K S)^T and (Q S)^T: from registers, its 32 more registers kept the two
+        # products from pipelining, and ptxas serialized every wgmma of the kernel (1.02-1.14x, BENCHMARKS.md,
+        # thirty-sixth session); the output leaves through the same buffer
+        tma.store_wait(pendings=0)
+        s_s.store(S.to(dt))
+        fence_async_shared()
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         k_cur = k_s.index(s)
-        Sa = gl.convert_layout(S.to(dt), a_op)
-        KS = warpgroup_mma(Sa, k_cur.permute((1, 0)), zero, use_acc=False, is_async=True)
-        QS = warpgroup_mma(Sa, q_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-        KS, QS, Sa = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, Sa))
+        KS = warpgroup_mma(s_s, k_cur.permute((1, 0)), zero, use_acc=False, is_async=True)
+        QS = warpgroup_mma(s_s, q_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        KS, QS = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS))
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         gc_c = gc_s.index(cs).load(gl.SliceLayout(0, mma))  # past the end: the last token's
         gc_last = gl.sum(gl.where(c == BT - 1, gc_c, 0.0), axis=0)
@@ -230,10 +236,11 @@ if GLUON_MISSING is None:
         mbarrier.arrive(c_free.index(cs), count=1)
         O = O * scale
         if tok + BT <= eos:
-            tma.store_wait(pendings=0)
-            o_s.index(HALF).permute((1, 0)).store(O.to(dt))
+            o_layout: gl.constexpr = o_desc.layout
+            o_t = reinterpret(s_s, dt, [2, BT, BV], o_layout).index(0)  # the first half of s_s
+            o_t.permute((1, 0)).store(O.to(dt))
             fence_async_shared()
-            tma_store(o_desc, [tok, col_v], o_s.index(HALF))
+            tma_store(o_desc, [tok, col_v], o_t)
         else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
             r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
             ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
@@ -245,7 +252,7 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr):
         """Walks this program's items on value columns [HALF * BV, (HALF + 1) * BV)."""
-        ring, made, work, descs, o_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         pid = gl.program_id(0)
@@ -259,8 +266,8 @@ if GLUON_MISSING is None:
                 S = gl.zeros([BV, K], gl.float32, mma_s)
             col_v = i_h * V + HALF * BV
             for t in range(NT):
-                S = _walk_chunk(it, bos + t * BT, eos, S, ring, made, o_s, o_desc, o, col_v, scale, HALF, HV, V, BT,
-                                BV, NA, NC)
+                S = _walk_chunk(it, bos + t * BT, eos, S, ring, made, s_s.index(HALF), o_desc, o, col_v, scale, HALF,
+                                HV, V, BT, BV, NA, NC)
                 it += 1
             if STORE_HT:
                 gl.store(ht + _state_offsets(item, HALF, K, V, BV, mma_s), S)
@@ -289,9 +296,8 @@ if GLUON_MISSING is None:
         ai_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        o_s = gl.allocate_shared_memory(dt, [2, BT, BV], o_desc.layout)
+        s_s = gl.allocate_shared_memory(dt, [2, BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], dt))
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
-        l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         band_s = gl.allocate_shared_memory(gl.float32, [BT, 16], BAND)
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
@@ -306,8 +312,8 @@ if GLUON_MISSING is None:
         ring = (k_s, q_s, v_s, kq_ready, kq_free)  # loaded by the prep warpgroup, read by all
         made = (ai_s, p_s, gc_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
         gate_s = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        work = (d_s, l_s, band_s, gate_s)  # the prep warpgroup's own
-        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), o_s, seq_bounds, g, beta, o, h0, ht, scale, n_items)
+        work = (d_s, band_s, gate_s)  # the prep warpgroup's own
+        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items)
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)),
                             (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)),
