@@ -34,11 +34,11 @@ programs twice as wide fill the GPU, the Gluon walk with the state transposed (`
 ``walk="sm90_transposed"``): 1.15x at qwen3-next B=4 T=8192, 1.09x at parity B=16 T=256; it also walks
 warm-up segments (below), 1.12-1.26x over the Triton walk where they are the default.
 
-On Hopper, on many (256+) about equal walks of up to eight chunks (one chunk: 128+) with the gates given, the prep
-and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``, ``walk=SPECIALIZED``;
-default: see SPECIALIZED_MIN_WALKS): a prep warpgroup one chunk ahead of two walker warpgroups, so that one pair's
-prep overlaps another's walk. 1.00-1.13x there; on fewer or longer walks its prep warpgroup's chain sets the pace
-(0.95x at qwen3-next B=4 T=8192, H100).
+On Hopper, on 128+ about equal walks that fill the rounds of one walk a SM (see SPECIALIZED_MIN_WALKS) with the
+gates given, the prep and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``,
+``walk=SPECIALIZED``): a prep warpgroup one chunk ahead of two walker warpgroups, so that one pair's prep
+overlaps another's walk. 1.02-1.13x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole sequences, one
+per program in turn, so fewer walks, or rounds that leave SMs idle, lose.
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -264,8 +264,7 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
 # The Gluon walks for Hopper by name (``walk``), each a module with fused_walk, unsupported and describe
 GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
 # walk=SPECIALIZED: the prep and the walk in one warp-specialized kernel for Hopper (chunk_specialized_sm90); the
-# default on many short walks (walk_default, SPECIALIZED_MIN_WALKS). On fewer or longer walks its prep warpgroup's
-# chain sets the pace: qwen3-next B=4 T=8192 0.95x, parity B=16 T=256 1.00x (BENCHMARKS.md, thirty-fifth session).
+# default on many about equal walks (walk_default, SPECIALIZED_MIN_WALKS).
 SPECIALIZED = "sm90_specialized"
 
 
@@ -453,25 +452,22 @@ SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # B=1 T=4096 / 8192 / 32768 HV=32 116.6 -> 108.5 -> 105.0 / 225.7 -> 208.4 -> 200.6 / 890.1 -> 815.1 -> 786.7;
 # shorter walks lose by a little: B=8 T=512 H=HV=8 24.5 -> 24.3 -> 25.1, B=4 T=1024 H=HV=4 26.2 -> 26.3 -> 27.0.
 SM90_LONG_WALK_MIN_CHUNKS = 64
-# The prep and the walk in one warp-specialized kernel (walk=SPECIALIZED) runs by default on many walks of about
-# equal length: of one chunk, 128 or more of them, and of two to SPECIALIZED_MAX_CHUNKS chunks, 256 or more
-# (SPECIALIZED_MIN_WALKS), whose chunks are SPECIALIZED_MIN_FILL or more of N walks as long as the longest: one
-# pair's prep then overlaps another's walk. Whole calls on an H100 (us, the default before / the specialized
-# kernel, one run side by side, thirty-fifth session, with its prep's gates loaded two chunks ahead), D = 128, H = HV
-# = 8 unless given: two chunks (the Triton walk before), B=16 (128 walks) 25.8 / 27.2, B=24 37.4 / 39.5, B=32 43.6 /
-# 40.3, B=64 H=4 43.9 / 40.1, B=16 H=16 43.4 / 40.1; three chunks (the Triton walk), B=16 33.3 / 32.3, B=12 H=16 (192)
-# 49.5 / 50.3, B=32 57.9 / 51.1, B=64 97.7 / 87.4; four chunks (the transposed walk), B=16 36.5 / 38.4, B=24 58.1 /
-# 62.1, B=32 66.1 / 62.9, B=64 118.7 / 109.1; five to eight, B=64 T=320 143.5 / 131.3, B=32 T=384 89.7 / 84.8, B=32
-# T=512 110.6 / 106.2, B=64 T=512 204.8 / 193.9, B=8 T=512 H=16 HV=32 105.2 / 105.0; sixteen, level, B=16 T=1024
-# H=16 193.6 / 191.5, B=32 T=1024 192.3 / 192.6. Unequal walks lose: parity varlen N=64 T=6656 HV=4 (256 walks,
-# the longest 7 chunks, its chunks 0.31 of 64 such) 46.9 / 63.7. The thirty-fourth session's figures, one chunk
-# (the Triton walk / the specialized kernel),
-# B=16 H=8 (128 walks) 19.42 / 19.15, B=32 H=8 30.08 / 28.83, B=64 H=4 30.46 / 29.06, B=32 H=16 51.01 / 46.94, B=64
-# H=8 49.79 / 46.62, B=128 H=4 50.40 / 46.40, B=64 H=16 87.30 / 81.63, B=128 H=8 86.82 / 81.28; two chunks, B=32
-# T=128 H=8 (256 walks) 42.40 / 42.75 (in the A/B of the rule against the Triton walk: 0.974), B=64 T=100 H=8 71.30
-# / 70.14, B=64 T=128 H=8 74.56 / 73.15, B=32 T=128 H=16 74.69 / 73.57, B=128 T=128 H=8 134.82 / 129.79.
-SPECIALIZED_MIN_WALKS = (128, 256)  # walks of one chunk, of more
-SPECIALIZED_MAX_CHUNKS = 8
+# The prep and the walk in one warp-specialized kernel (walk=SPECIALIZED) runs by default on SPECIALIZED_MIN_WALKS
+# or more walks of about equal length (their chunks SPECIALIZED_MIN_FILL or more of N walks as long as the longest),
+# where walks of three chunks or more also fill the rounds they take to SPECIALIZED_MIN_ROUND_FILL (walks over the
+# rounds' slots, one walk a SM a round): its programs take whole walks in turn. Whole calls on an H100,
+# thirty-sixth session (us, the two-kernel path / the specialized kernel with S^T through shared memory, one run
+# side by side, exp/rule3.yaml in BENCHMARKS.md), D = 128, H = HV = 8 unless given. Rounds 0.97 filled (128 or 256
+# walks): one chunk B=16 19.7 / 17.6; two B=16 T=128 25.8 / 25.4; three B=16 T=192 32.7 / 29.9; four B=16 T=256
+# 35.6 / 34.8; eight B=16 58.3 / 55.3, B=8 H=16 HV=32 102.4 / 91.4; sixteen B=16 100.2 / 92.7, B=32 187.8 / 165.7;
+# 32 B=8 T=2048 HV=16 170.2 / 164.9; 64 B=8 T=4096 H=16 HV=32 631.6 / 609.3; 128 B=4 T=8192 H=16 HV=32 635.7 /
+# 607.3. Rounds 0.73 filled (96 or 192 walks): two chunks B=24 T=128 36.8 / 35.8 still win (and one, B=12 19.1 /
+# 16.5, under SPECIALIZED_MIN_WALKS: not taken, with 64 walks unmeasured); four B=12 T=256 32.0 / 33.2, eight B=12
+# 52.1 / 53.6, sixteen B=12 87.5 / 91.7, 64 B=6 T=4096 HV=32 554.5 / 619.0, 128 B=3 T=8192 558.7 / 597.3 lose.
+# Unequal walks lose: parity varlen N=64 T=6656 HV=4 (256 walks, the longest 7 chunks, its chunks 0.31 of 64 such)
+# 46.9 / 63.7 (thirty-fifth session).
+SPECIALIZED_MIN_WALKS = 128
+SPECIALIZED_MIN_ROUND_FILL = 0.9  # measured: 0.97 and 0.73; between them, not
 SPECIALIZED_MIN_FILL = 0.75  # measured: 1 (padded) and 0.31; between them, not
 
 
@@ -533,9 +529,10 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     outnumber the SMs (or, on walks too short for warm-up segments, fill more than half of them)
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
     programs make one wave of two per SM that fills half the SMs or more and the longest walk has
-    SM90_WALK_MIN_CHUNKS chunks; SPECIALIZED (the prep in the same kernel), before those two, on walks of up to
-    SPECIALIZED_MAX_CHUNKS chunks, as many as SPECIALIZED_MIN_WALKS says and about equal (SPECIALIZED_MIN_FILL), with
-    the gates given (raw_gate False); else "triton"."""
+    SM90_WALK_MIN_CHUNKS chunks; SPECIALIZED (the prep in the same kernel), before those two, on
+    SPECIALIZED_MIN_WALKS or more about equal walks (SPECIALIZED_MIN_FILL) that fill the rounds of one walk a SM
+    (SPECIALIZED_MIN_ROUND_FILL) where they are three chunks or longer, with the gates given (raw_gate False); else
+    "triton"."""
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
@@ -543,8 +540,9 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
-    if 0 < chunks <= SPECIALIZED_MAX_CHUNKS and walks >= SPECIALIZED_MIN_WALKS[min(chunks, 2) - 1] and \
-            layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks and \
+    round_fill = walks / (triton.cdiv(walks, sms) * sms)
+    if walks >= SPECIALIZED_MIN_WALKS and layout.NT > 0 and layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks and \
+            (chunks <= 2 or round_fill >= SPECIALIZED_MIN_ROUND_FILL) and \
             chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None:
         return SPECIALIZED
     if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (programs > sms or (short and programs > sms // 2)):

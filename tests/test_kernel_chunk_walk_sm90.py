@@ -91,9 +91,9 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
     monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw gates" if raw else None)
     monkeypatch.setattr(chunk_fused.chunk_walk_sm90, "unsupported", lambda *a: None)
     monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
-    layout = chunk.ChunkLayout.build(4, 8192, None, "cpu")
-    q = torch.empty(4, 8192, 16, 128)
-    assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED  # long walks
+    layout = chunk.ChunkLayout.build(3, 8192, None, "cpu")
+    q = torch.empty(3, 8192, 16, 128)
+    assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED  # 96 walks
     assert chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized") == ("sm90_specialized", True)
     short = chunk.ChunkLayout.build(64, 64, None, "cpu")  # 512 walks of one chunk: its default, but for...
     assert chunk_fused.plan_walk(short, q, 128, 8, False) == ("sm90_specialized", True)
@@ -162,20 +162,24 @@ def test_walk_choice_and_its_errors():
     (4, 768, 8, "sm90", None),  # 64 programs at BV 64 (half the SMs), 128 at BV 32: one wave
     (4, 448, 8, "triton", None),  # walks of 7 chunks: shorter than measured
     (4, 1024, 4, "triton", 64),  # 64 programs: under half the SMs (the Triton path's output pass wins)
-    (16, 256, 8, "sm90_transposed", None),  # 512 at BV 32, 256 at BV 64: one wave of two per SM
-    (4, 8192, 32, "sm90_transposed", None),
-    (16, 192, 8, "triton", None),  # 128 walks of 3 chunks: fewer than the specialized kernel needs there
+    (16, 256, 8, "sm90_specialized", None),  # 128 walks of 4 chunks, where the transposed walk ran
+    (4, 8192, 32, "sm90_specialized", None),  # 128 walks of 128 chunks: one round of one walk a program
+    (3, 8192, 32, "sm90_transposed", None),  # 96 walks: a quarter of the SMs idle
+    (6, 4096, 32, "sm90_transposed", None),  # 192 walks: two rounds of one a SM, 0.73 filled
+    (16, 192, 8, "sm90_specialized", None),  # 128 walks of 3 chunks
     (32, 128, 8, "sm90_specialized", None),  # 256 walks of 2 chunks: the prep in the walk's kernel
     (64, 128, 8, "sm90_specialized", None),
+    (24, 128, 8, "sm90_specialized", None),  # 192 walks of 2 chunks: short enough for rounds 0.73 filled
     (64, 64, 8, "sm90_specialized", None),  # 512 walks of one chunk
     (16, 64, 8, "sm90_specialized", None),  # 128 walks of one chunk
     (8, 64, 8, "triton", None),  # 64 walks of one chunk: fewer than measured
-    (16, 128, 8, "triton", None),  # 128 walks of 2 chunks
+    (16, 128, 8, "sm90_specialized", None),  # 128 walks of 2 chunks
     (64, 256, 8, "sm90_specialized", None),  # 512 walks of 4 chunks, where the transposed walk ran
     (24, 256, 8, "sm90_transposed", None),  # 192 walks of 4 chunks: 384 programs at BV 64
     (32, 512, 8, "sm90_specialized", None),  # 256 walks of 8 chunks
-    (32, 576, 8, "sm90_transposed", None),  # 256 walks of 9 chunks: longer than measured faster
-    (16, 1024, 32, "sm90_transposed", None),
+    (32, 576, 8, "sm90_specialized", None),  # 256 walks of 9 chunks
+    (16, 1024, 32, "sm90_specialized", None),  # 512 walks of 16 chunks
+    (12, 1024, 8, "sm90_transposed", None),  # 96 walks of 16 chunks
     (2, 8192, 32, "sm90", None),  # 128 at BV 64: one per SM, where two of BV 32 do better
 ])
 def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
