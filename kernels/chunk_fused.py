@@ -540,9 +540,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
-    round_fill = walks / (triton.cdiv(walks, sms) * sms)
-    if walks >= SPECIALIZED_MIN_WALKS and layout.NT > 0 and layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks and \
-            (chunks <= 2 or round_fill >= SPECIALIZED_MIN_ROUND_FILL) and \
+    if walks >= SPECIALIZED_MIN_WALKS and chunks > 0 and layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks and \
+            (chunks <= 2 or walks / (triton.cdiv(walks, sms) * sms) >= SPECIALIZED_MIN_ROUND_FILL) and \
             chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None:
         return SPECIALIZED
     if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (programs > sms or (short and programs > sms // 2)):

@@ -70,8 +70,8 @@ if GLUON_MISSING is None:
 
         The blocks go through band_s (BAND, 4 KB), each thread storing the 8 of its 32 values of A that lie in
         them: the whole tile through shared memory meets the banks 4 ways in the mma layout, and a global
-        scratch (L1-resident) was 1.02-1.03x slower in the prep kernel (BENCHMARKS.md, thirty-sixth session). The
-        caller orders band_s's reuse (the previous chunk's reads end in a barrier in
+        scratch (L1-resident) was 1.02-1.03x slower on qwen3-next's prefill (BENCHMARKS.md, thirty-sixth
+        session). The caller orders band_s's reuse (the previous chunk's reads end in a barrier in
         chunk_specialized_sm90._prep_chunk)."""
         L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[2, 16, 1],
                                             warps_per_cta=[2, 2, 1], order=[2, 1, 0])  # [b, c, i]
