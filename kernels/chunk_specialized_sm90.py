@@ -29,7 +29,7 @@ Thirty-sixth session: with S^T as the walkers' A operand in registers, ptxas ser
 kernel ("insufficient register resources"), so that no asynchronous issue overlapped anything. S^T from shared
 memory leaves the walkers 128 registers of tiles in flight, and the wgmmas pipeline: 1.02-1.14x (B=4 T=8192: 1.14x,
 now 1.05x faster than the two-kernel path). ``chunk_fused.walk_default`` picks this kernel where it wins
-(``SPECIALIZED_*``). The walkers' chain, about 11,000 cycles a chunk, now sets the pace.
+(``SPECIALIZED_*``).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
