@@ -245,7 +245,7 @@ if GLUON_MISSING is None:
         else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
             r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
             ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
-            gl.store(ptrs, O.to(dt), mask=(tok + c < eos)[None, :])
+            gl.store(ptrs, O.to(dt), mask=valid)
         return S
 
     @gluon.jit
@@ -281,7 +281,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
+                     STORE_HT: gl.constexpr):
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
@@ -338,10 +339,10 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     n_items = N * HV
-    _specialized_kernel[(max(min(n_items, sms), 1),)](*descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV,
-                                         K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, USE_H0=h0 is not None,
-                                         STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS,
-                                         num_warps=WARPS, maxnreg=MAX_REGS)
+    _specialized_kernel[(max(min(n_items, sms), 1),)](
+        *descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC,
+        USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, num_warps=WARPS,
+        maxnreg=MAX_REGS)
 
 
 def describe() -> str:
