@@ -109,13 +109,14 @@ if GLUON_MISSING is None:
         return gc_r, gl.convert_layout(gc_r, gl.SliceLayout(0, mma))
 
     @gluon.jit
-    def _gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT: gl.constexpr, mma: gl.constexpr):
-        """A = strictLower(diag(beta)(Gamma o K K^T)) of the key tile k_s (fp32, rows past n_valid 0)."""
+    def _gated_kkt(k_s, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
+        """A = strictLower(diag(beta)(Gamma o K K^T)) of the key tile k_s (fp32). The callers' beta is 0 past the
+        sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row, finite
+        where it is."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        keep = (r[:, None] > c[None, :]) & (r[:, None] < n_valid)
-        return A * exp(gl.where(keep, gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
+        return A * exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
 
     @gluon.jit
     def _solve(A, d_s, l_s, m_s, band_s, BT: gl.constexpr, mma: gl.constexpr):
@@ -179,7 +180,7 @@ if GLUON_MISSING is None:
 
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
-        A = _gated_kkt(k_s, gc_r, gc_c, beta_r, n_valid, BT, mma)
+        A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma)
         Ai_t = _solve(A, d_s, l_s, m_s, band_s, BT, mma) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))

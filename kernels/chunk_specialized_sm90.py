@@ -3,20 +3,21 @@
 The two-kernel path runs the prep kernel (``chunk_prep_sm90``) over every chunk, then the walk
 (``chunk_walk_transposed_sm90``): the prep's time and the walk's dependent chain add up, while neither fills
 the SM on its own (BENCHMARKS.md, thirty-third session: the walk alone takes about FlashInfer's whole time).
-Here one program per SM takes (sequence, value head) pairs in turn, and its three warpgroups overlap them:
+Here one program per SM takes (sequence, value head) pairs in turn, and its four warpgroups overlap them:
 
-  - the prep warpgroup issues the TMA loads (k, q, v) two chunks ahead, and computes each chunk's gc =
-    cumsum(g), Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block inverses through shared memory)
-    and the gated scores P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j, into shared memory, one chunk ahead
-    of the walkers;
+  - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
+    chunks ahead as the stages let it;
+  - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
+    inverses through shared memory) and the gated scores P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j,
+    into shared memory, one chunk ahead of the walkers;
   - two walker warpgroups (value columns 0-63 and 64-127) each keep S^T [64, K] in registers and run
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (221 KB, one program per SM): k, q and v in three stages (the prep loads chunk c + 2 once it has
-computed c, while the walkers walk c - 1), Ai, P^T and gc in two (the Ai stage holds L during the solve); each
-walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half then takes the output on its way out by TMA.
-Registers: setmaxnreg gives the walkers 176 each and the prep 152.
+Shared memory (223 KB, one program per SM): k, q and v in three stages, the gates in four, Ai, P^T and gc in two
+(the Ai stage holds L during the solve); each walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half
+then takes the output on its way out by TMA. Registers: setmaxnreg gives the walkers 176 each, the prep 136 and
+the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
 walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two; 0.86x at
@@ -30,6 +31,10 @@ kernel ("insufficient register resources"), so that no asynchronous issue overla
 memory leaves the walkers 128 registers of tiles in flight, and the wgmmas pipeline: 1.02-1.14x (B=4 T=8192: 1.14x,
 now 1.05x faster than the two-kernel path). ``chunk_fused.walk_default`` picks this kernel where it wins
 (``SPECIALIZED_*``).
+
+Thirty-seventh session: the loads, the gates' cumsum and the walk order moved from the prep warpgroup to a fourth
+one of 24 registers, which shortens the prep's loop by a fifth (1,618 SASS instructions against 2,057): 1.07-1.08x
+on parity's many short walks, 0.99x at qwen3-next B=4 T=8192.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -46,7 +51,7 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import BAND, _chunk_cumsum, _gated_kkt, _solve
+    from .chunk_prep_sm90 import BAND, _gated_kkt, _solve
     from .chunk_walk_transposed_sm90 import _scores_store, _state_offsets
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
@@ -58,9 +63,11 @@ BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
 NC = 2  # stages of Ai, P^T and gc
 WARPS = 4  # per warpgroup: the default one walks columns 0-63
-WALK_REGS = 176  # of 504 for the three (168 each at launch); at 168 / 168 ptxas serializes the wgmmas again
-PREP_REGS = 152
-MAX_REGS = (2 * WALK_REGS + PREP_REGS) // 3  # at launch, for three warpgroups; setmaxnreg moves them
+NG = 4  # stages of the gates (gc and beta)
+WALK_REGS = 176  # of 512 for the four (128 each at launch); at 168 ptxas serializes the wgmmas
+PREP_REGS = 136
+LOAD_REGS = 24
+MAX_REGS = (2 * WALK_REGS + PREP_REGS + LOAD_REGS) // 4  # at launch; setmaxnreg moves them
 
 
 if GLUON_MISSING is None:
@@ -73,123 +80,92 @@ if GLUON_MISSING is None:
         return item % HV, bos, eos, (eos - bos + BT - 1) // BT
 
     @gluon.jit
-    def _first_chunk(n_items, step, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
-        """This program's first chunk as a ``_next_chunk`` cursor."""
-        return _next_chunk((gl.program_id(0) - step, 0, 0, 0, 0, 0), n_items, step, seq_bounds, HV, BT)
+    def _add(a, b):
+        return a + b
 
     @gluon.jit
-    def _next_chunk(cursor, n_items, step, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
-        """The chunk after ``cursor`` = (item, t, chunks, value head, first token, end): chunk t of ``item`` in this
-        program's order (items pid, pid + step, ...; empty sequences have none); item >= n_items past the last.
-        The bounds are loaded only when the item changes."""
-        item, t, NT, i_h, bos, eos = cursor
-        t += 1
-        while (item < n_items) & (t >= NT):
-            item += step
-            t = 0
-            i_h, bos, eos, NT = _item_bounds(gl.minimum(item, n_items - 1), seq_bounds, HV, BT)
-        return item, t, NT, i_h, bos, eos
-
-    @gluon.jit
-    def _load_chunk(cursor, it, ring, descs, n_items, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                    BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr):
-        """k, q and both halves of v of the ``_next_chunk`` cursor's chunk (this program's chunk ``it``) into stage
-        it % NA, once the walkers have let go of its chunk it - NA; nothing past the last item."""
+    def _loader_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                          BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                          USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+        """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
+        sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
+        cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         q_desc, k_desc, v_desc, _ = descs
-        item, t, _, i_h, bos, _ = cursor
-        live = item < n_items
-        s = it % NA
-        mbarrier.wait(kq_free.index(s), ((it // NA) & 1) ^ 1, pred=live)
-        tok = bos + t * BT
-        col_k = (i_h // (HV // H)) * K
-        mbarrier.expect(kq_ready.index(s), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes, pred=live)
-        tma_load(k_desc, [tok, col_k], kq_ready.index(s), k_s.index(s), pred=live)
-        tma_load(q_desc, [tok, col_k], kq_ready.index(s), q_s.index(s), pred=live)
-        for half in gl.static_range(2):
-            tma_load(v_desc, [tok, i_h * 2 * BV + half * BV], kq_ready.index(s), v_s.index(2 * s + half), pred=live)
-
-    @gluon.jit
-    def _prep_gates(g, beta, cursor, n_items, HV: gl.constexpr, BT: gl.constexpr):
-        """(g, beta) of the ``_next_chunk`` cursor's chunk (0 past the sequence's end, or past the last item), one
-        token a thread: loaded two chunks ahead, in few registers, and spread over the mma tiles' layouts through
-        shared memory when used (``_prep_chunk``). In their own dtypes: a conversion here would wait for the loads
-        (clock64 stamps: about 1,900 cycles a chunk, BENCHMARKS.md, thirty-fifth session)."""
+        gate_s, g_ready, g_free = gates
         L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         i = gl.arange(0, BT, layout=L)
-        item, t, _, i_h, bos, eos = cursor
-        tok = bos + t * BT
-        live = (i < eos - tok) & (item < n_items)
-        return gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0), gl.load(beta + (tok + i) * HV + i_h, mask=live,
-                                                                                other=0.0)
+        it = 0
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            i_h, bos, eos, NT = _item_bounds(item, seq_bounds, HV, BT)
+            col_k = (i_h // (HV // H)) * K
+            for t in range(NT):
+                tok = bos + t * BT
+                s = it % NA
+                mbarrier.wait(kq_free.index(s), ((it // NA) & 1) ^ 1)
+                mbarrier.expect(kq_ready.index(s), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+                tma_load(k_desc, [tok, col_k], kq_ready.index(s), k_s.index(s))
+                tma_load(q_desc, [tok, col_k], kq_ready.index(s), q_s.index(s))
+                for half in gl.static_range(2):
+                    tma_load(v_desc, [tok, i_h * 2 * BV + half * BV], kq_ready.index(s), v_s.index(2 * s + half))
+                live = i < eos - tok
+                g_t = gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
+                b_t = gl.load(beta + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
+                gc = gl.associative_scan(g_t, 0, _add)
+                gs = it % NG
+                mbarrier.wait(g_free.index(gs), ((it // NG) & 1) ^ 1)
+                gate_s.index(2 * gs).store(gc)
+                gate_s.index(2 * gs + 1).store(b_t)
+                cta_barrier()  # every thread's stores are done before the one arrival
+                mbarrier.arrive(g_ready.index(gs), count=1)
+                it += 1
 
     @gluon.jit
-    def _prep_chunk(tok, n_valid, i_h, gates, k_cur, q_cur, ai_dst, p_dst, gc_dst, work, HV: gl.constexpr,
-                    BT: gl.constexpr):
-        """gc, Ai and P^T of one chunk (``chunk_prep_sm90``'s math and rounding for gc and Ai) into gc_dst, ai_dst
-        and p_dst; k_cur and q_cur hold its tiles, gates its ``_prep_gates``."""
-        d_s, band_s, gate_s = work
+    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, work, BT: gl.constexpr):
+        """gc, Ai and P^T of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and
+        beta_g its gates."""
+        d_s, band_s = work
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        gate_s.index(0).store(gates[0].to(gl.float32))  # one round trip for the three layouts (the last chunk's
-        gate_s.index(1).store(gates[1].to(gl.float32))  # reads: its end)
-        cta_barrier()
-        g_c = gate_s.index(0).load(gl.SliceLayout(0, mma))
-        beta_r = gate_s.index(1).load(gl.SliceLayout(1, mma))
-        gc_r, gc_c = _chunk_cumsum(g_c, BT, mma)
+        gc_r = gc_g.load(gl.SliceLayout(1, mma))
+        gc_c = gc_g.load(gl.SliceLayout(0, mma))
+        beta_r = beta_g.load(gl.SliceLayout(1, mma))
         gc_dst.store(gc_c)
-        A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, n_valid, BT, mma)
+        A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, BT, mma)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
         Ai = _solve(A, d_s, ai_dst, p_dst, band_s, BT, mma)  # ai_dst: L until Ai, p_dst: -M until the scores
-        ai_dst.store((Ai * gate_s.index(1).load(gl.SliceLayout(0, mma))[None, :]).to(dt))
-        gc_c = gc_dst.load(gl.SliceLayout(0, mma))
-
-        # the gated scores, as chunk_walk_transposed_sm90 stores them: [j, i] = k_j . q_i exp(gc_i - gc_j), i >= j
+        ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
+        gc_c = gc_g.load(gl.SliceLayout(0, mma))
         PT = warpgroup_mma(k_cur, q_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
         _scores_store(PT, (gc_c, gc_r, None), p_dst, BT, mma)
         cta_barrier()  # every thread's stores are done before the one arrival
 
     @gluon.jit
     def _prep_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                        STORE_HT: gl.constexpr):
-        """Loads every chunk's tiles two chunks ahead and computes its gc, Ai and P^T one stage ahead of the
-        walkers."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
+                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+        """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
-        step = gl.num_programs(0)
-        # the first two chunks' loads; the load cursor then stays two chunks ahead of the computed one (cur), and
-        # the next chunk's cursor (nxt) is the load cursor's previous one: no bounds loaded twice
-        cur = _first_chunk(n_items, step, seq_bounds, HV, BT)
-        _load_chunk(cur, 0, ring, descs, n_items, H, HV, K, BT, BV, NA)
-        nxt = _next_chunk(cur, n_items, step, seq_bounds, HV, BT)
-        _load_chunk(nxt, 1, ring, descs, n_items, H, HV, K, BT, BV, NA)
-        ld = _next_chunk(nxt, n_items, step, seq_bounds, HV, BT)
-        gates = _prep_gates(g, beta, cur, n_items, HV, BT)
-        gates_next = _prep_gates(g, beta, nxt, n_items, HV, BT)
+        gate_s, g_ready, g_free = gates
         it = 0
-        while cur[0] < n_items:
-            # two chunks ahead: the copy into gates_next at the loop's end waits for the loads (1.00-1.04x over one
-            # chunk ahead, BENCHMARKS.md, thirty-fifth session)
-            gates_far = _prep_gates(g, beta, ld, n_items, HV, BT)
-            s = it % NA
-            cs = it % NC
-            mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
-            mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-            tok = cur[4] + cur[1] * BT
-            _prep_chunk(tok, cur[5] - tok, cur[3], gates, k_s.index(s), q_s.index(s), ai_s.index(cs), p_s.index(cs),
-                        gc_s.index(cs), work, HV, BT)
-            mbarrier.arrive(c_ready.index(cs), count=1)
-            # chunk it + 2 into the stage of chunk it - 1, which the walkers leave while this one was computed
-            _load_chunk(ld, it + 2, ring, descs, n_items, H, HV, K, BT, BV, NA)
-            cur = nxt
-            nxt = ld
-            ld = _next_chunk(ld, n_items, step, seq_bounds, HV, BT)
-            gates = gates_next
-            gates_next = gates_far
-            it += 1
+        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+            _, _, _, NT = _item_bounds(item, seq_bounds, HV, BT)
+            for t in range(NT):
+                s = it % NA
+                cs = it % NC
+                gs = it % NG
+                mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
+                mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
+                mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
+                _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
+                            ai_s.index(cs), p_s.index(cs), gc_s.index(cs), work, BT)
+                mbarrier.arrive(c_ready.index(cs), count=1)
+                mbarrier.arrive(g_free.index(gs), count=1)
+                it += 1
 
     @gluon.jit
     def _walk_chunk(it, tok, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr, HV: gl.constexpr,
@@ -253,7 +229,7 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr):
         """Walks this program's items on value columns [HALF * BV, (HALF + 1) * BV)."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items = args
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         pid = gl.program_id(0)
@@ -276,20 +252,21 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
         _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
     def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
+                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
                      STORE_HT: gl.constexpr):
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
     def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, seq_bounds, scale, n_items,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                            BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                            STORE_HT: gl.constexpr, WALK_REGS: gl.constexpr, PREP_REGS: gl.constexpr):
+                            BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                            USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WALK_REGS: gl.constexpr,
+                            PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
         dt: gl.constexpr = q_desc.dtype
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         k_s = gl.allocate_shared_memory(dt, [NA, BT, K], k_desc.layout)
@@ -311,16 +288,23 @@ if GLUON_MISSING is None:
         for i in gl.static_range(NC):
             mbarrier.init(c_ready.index(i), count=1)
             mbarrier.init(c_free.index(i), count=2)
-        ring = (k_s, q_s, v_s, kq_ready, kq_free)  # loaded by the prep warpgroup, read by all
+        ring = (k_s, q_s, v_s, kq_ready, kq_free)  # loaded by the loader warpgroup, read by the others
         made = (ai_s, p_s, gc_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
-        gate_s = gl.allocate_shared_memory(gl.float32, [2, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        work = (d_s, band_s, gate_s)  # the prep warpgroup's own
-        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items)
+        gate_s = gl.allocate_shared_memory(gl.float32, [2 * NG, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        g_ready = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
+        g_free = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NG):
+            mbarrier.init(g_ready.index(i), count=1)
+            mbarrier.init(g_free.index(i), count=1)
+        work = (d_s, band_s)  # the prep warpgroup's own
+        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items,
+                (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
-        gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)),
-                            (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)),
-                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT))],
-                           [4, 4], [WALK_REGS, PREP_REGS])
+        gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
+                            (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
+                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
+                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT))],
+                           [4, 4, 4], [WALK_REGS, PREP_REGS, LOAD_REGS])
 
 
 def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | None:
@@ -341,10 +325,12 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     n_items = N * HV
     _specialized_kernel[(max(min(n_items, sms), 1),)](
         *descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC,
-        USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, num_warps=WARPS,
+        NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS,
+        LOAD_REGS=LOAD_REGS, num_warps=WARPS,
         maxnreg=MAX_REGS)
 
 
 def describe() -> str:
     """The kernel's settings, for a result row's path."""
-    return f"gluon sm90 warp-specialized prep + walk BV={BV} (regs {WALK_REGS}/{WALK_REGS}/{PREP_REGS})"
+    return (f"gluon sm90 warp-specialized loads + prep + walk BV={BV} "
+            f"(regs {WALK_REGS}/{WALK_REGS}/{PREP_REGS}/{LOAD_REGS})")

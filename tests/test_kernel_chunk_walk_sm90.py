@@ -55,8 +55,8 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("dtype,h0", [("bf16", True), ("fp16", False)])
 def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0):
-    """Three warpgroups (two walkers, the prep) whose registers setmaxnreg splits, and shared memory for one
-    program per SM (227 KB on sm_90)."""
+    """Four warpgroups (two walkers, the prep, the loader) whose registers setmaxnreg splits, and shared memory for
+    one program per SM (227 KB on sm_90)."""
     from gdnbench_kernels import chunk_specialized_sm90 as spec
     from gdnbench_kernels.gluon_hopper import GLUON_MISSING
 
@@ -66,8 +66,8 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0):
 
     dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
-    const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, USE_H0=h0, STORE_HT=h0,
-                 WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS)
+    const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, NG=spec.NG, USE_H0=h0,
+                 STORE_HT=h0, WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS, LOAD_REGS=spec.LOAD_REGS)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
                o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", seq_bounds="*i64", scale="fp32",
                n_items="i32", **{name: "constexpr" for name in const})
@@ -77,6 +77,7 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0):
     ptx = compiled.asm["ptx"]
     for regs in (spec.WALK_REGS, spec.PREP_REGS):
         assert f"setmaxnreg.inc.sync.aligned.u32 \t{regs};" in ptx
+    assert f"setmaxnreg.dec.sync.aligned.u32 \t{spec.LOAD_REGS};" in ptx
 
 
 def test_specialized_walk_choice_and_its_errors(monkeypatch):
