@@ -116,7 +116,8 @@ if GLUON_MISSING is None:
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        return A * exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf"))) * beta_r[:, None]
+        gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
+        return A * gates * beta_r[:, None]
 
     @gluon.jit
     def _solve(A, d_s, l_s, m_s, band_s, BT: gl.constexpr, mma: gl.constexpr):

@@ -252,7 +252,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
+                    STORE_HT: gl.constexpr):
         _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
@@ -326,8 +327,7 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     _specialized_kernel[(max(min(n_items, sms), 1),)](
         *descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC,
         NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS,
-        LOAD_REGS=LOAD_REGS, num_warps=WARPS,
-        maxnreg=MAX_REGS)
+        LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def describe() -> str:
