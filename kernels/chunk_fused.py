@@ -36,9 +36,9 @@ warm-up segments (below), 1.12-1.26x over the Triton walk where they are the def
 
 On Hopper, on 128+ about equal walks that fill the rounds of one walk a SM (see SPECIALIZED_MIN_WALKS) with the
 gates given, the prep and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``,
-``walk=SPECIALIZED``): a prep warpgroup one chunk ahead of two walker warpgroups, so that one pair's prep
-overlaps another's walk. 1.02-1.13x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole sequences, one
-per program in turn, so fewer walks, or rounds that leave SMs idle, lose.
+``walk=SPECIALIZED``): a loader warpgroup and a prep warpgroup one chunk ahead of two walker warpgroups, so that
+one pair's prep overlaps another's walk. 1.02-1.13x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole
+sequences, one per program in turn, so fewer walks, or rounds that leave SMs idle, lose.
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
