@@ -87,8 +87,9 @@ bf16 casts round to nearest even (``recurrent._cast``).
 
 from __future__ import annotations
 
+import heapq
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -99,8 +100,8 @@ from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
 from .tuning import TunedKernel
 
-__all__ = ["chunk_gdn", "ChunkLayout", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED", "describe",
-           "chunk_tier", "state_tier"]
+__all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED",
+           "describe", "chunk_tier", "state_tier"]
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
@@ -683,6 +684,7 @@ class ChunkLayout:
     NP: int
     pair_indices: Tensor  # [NP, 2] int32
     pair_offsets: Tensor  # [N + 1] int32
+    _walk_orders: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, B: int, T: int, cu_seqlens: Tensor | None, device: torch.device | str) -> ChunkLayout:
@@ -720,12 +722,57 @@ class ChunkLayout:
                    chunk_indices=chunk_indices, chunk_offsets=chunk_offsets,
                    NP=NP, pair_indices=pair_indices, pair_offsets=pair_offsets)
 
+    def walk_order(self, heads: int, programs: int) -> WalkOrder:
+        """The N * heads walks (sequence n, head h: walk n * heads + h) dealt to ``programs`` persistent programs
+        (``WalkOrder.deal``); built on the host on first use and kept, so that timed calls only read it."""
+        key = heads, programs
+        if key not in self._walk_orders:
+            chunks = [triton.cdiv(e - s, CHUNK) for s, e in self.spans for _ in range(heads)]
+            self._walk_orders[key] = WalkOrder.deal(chunks, programs, self.seq_bounds.device)
+        return self._walk_orders[key]
+
     def blocks(self, span: int) -> tuple[int, Tensor, Tensor]:
         """(count, [count, 2] indices, [N + 1] offsets) of the blocks of ``span`` chunks (1 or 2)."""
         if span not in (1, 2):
             raise ValueError(f"output blocks span 1 or 2 chunks, got {span}")
         return (self.NT, self.chunk_indices, self.chunk_offsets) if span == 1 else \
             (self.NP, self.pair_indices, self.pair_offsets)
+
+
+@dataclass(frozen=True)
+class WalkOrder:
+    """Walks dealt to persistent programs that each take theirs in turn: program p walks
+    walks[offsets[p]:offsets[p + 1]]."""
+
+    programs: int
+    makespan: int  # chunks of the most loaded program
+    chunks: int  # over all walks
+    offsets: Tensor  # [programs + 1] int32
+    walks: Tensor  # [walks] int32
+
+    @classmethod
+    def deal(cls, chunks: list[int], programs: int, device: torch.device | str) -> WalkOrder:
+        """Longest walk first, each to the program with the fewest chunks so far, the lowest-numbered on a tie:
+        equal walks go round the programs in order, and the longest of unequal ones no longer meet on one
+        program, as in order they may (parity's varlen N=64 T=6656: 13 chunks on one program where 7 suffice)."""
+        if programs < 1:
+            raise ValueError(f"walks need at least one program, got {programs}")
+        dealt: list[list[int]] = [[] for _ in range(programs)]
+        loads = [(0, p) for p in range(programs)]  # a heap of (chunks, program)
+        for walk in sorted(range(len(chunks)), key=lambda w: -chunks[w]):
+            load, p = heapq.heappop(loads)
+            dealt[p].append(walk)
+            heapq.heappush(loads, (load + chunks[walk], p))
+        offsets = [0]
+        for mine in dealt:
+            offsets.append(offsets[-1] + len(mine))
+        return cls(programs=programs, makespan=max(load for load, _ in loads), chunks=sum(chunks),
+                   offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+                   walks=torch.tensor([w for mine in dealt for w in mine], dtype=torch.int32, device=device))
+
+    def fill(self, slots: int) -> float:
+        """The share of ``slots`` programs' time over the makespan that walks take (1: none idle)."""
+        return self.chunks / (slots * self.makespan) if self.makespan else 1.0
 
 
 @dataclass(frozen=True)

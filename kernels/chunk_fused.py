@@ -34,11 +34,11 @@ programs twice as wide fill the GPU, the Gluon walk with the state transposed (`
 ``walk="sm90_transposed"``): 1.15x at qwen3-next B=4 T=8192, 1.09x at parity B=16 T=256; it also walks
 warm-up segments (below), 1.12-1.26x over the Triton walk where they are the default.
 
-On Hopper, on 128+ about equal walks that fill the rounds of one walk a SM (see SPECIALIZED_MIN_WALKS) with the
-gates given, the prep and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``,
+On Hopper, on 128+ walks that keep one program a SM busy (see SPECIALIZED_MIN_WALKS) with the gates given, the
+prep and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``,
 ``walk=SPECIALIZED``): a loader warpgroup and a prep warpgroup one chunk ahead of two walker warpgroups, so that
-one pair's prep overlaps another's walk. 1.02-1.13x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole
-sequences, one per program in turn, so fewer walks, or rounds that leave SMs idle, lose.
+one pair's prep overlaps another's walk. 1.02-1.27x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole
+sequences, dealt to its programs longest first, so fewer walks, or walks that leave SMs idle, lose.
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -78,7 +78,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, _Args, _bv_prune, _chunk_bounds,
+from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, WalkOrder, _Args, _bv_prune, _chunk_bounds,
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
@@ -264,7 +264,7 @@ def _prep(x: _Args, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
 # The Gluon walks for Hopper by name (``walk``), each a module with fused_walk, unsupported and describe
 GLUON_WALKS = {"sm90": chunk_walk_sm90, "sm90_transposed": chunk_walk_transposed_sm90}
 # walk=SPECIALIZED: the prep and the walk in one warp-specialized kernel for Hopper (chunk_specialized_sm90); the
-# default on many about equal walks (walk_default, SPECIALIZED_MIN_WALKS).
+# default on many walks that keep its programs busy (walk_default, SPECIALIZED_MIN_WALKS).
 SPECIALIZED = "sm90_specialized"
 
 
@@ -453,27 +453,41 @@ SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # shorter walks lose by a little: B=8 T=512 H=HV=8 24.5 -> 24.3 -> 25.1, B=4 T=1024 H=HV=4 26.2 -> 26.3 -> 27.0.
 SM90_LONG_WALK_MIN_CHUNKS = 64
 # The prep and the walk in one warp-specialized kernel (walk=SPECIALIZED) runs by default on SPECIALIZED_MIN_WALKS
-# or more walks of about equal length (their chunks SPECIALIZED_MIN_FILL or more of N walks as long as the longest),
-# where walks of three chunks or more also fill the rounds they take to SPECIALIZED_MIN_ROUND_FILL (walks over the
-# rounds' slots, one walk a SM a round): its programs take whole walks in turn. Whole calls on an H100,
-# thirty-sixth session (us, the two-kernel path / the specialized kernel with S^T through shared memory, one run
-# side by side, exp/rule3.yaml in BENCHMARKS.md), D = 128, H = HV = 8 unless given. Rounds 0.97 filled (128 or 256
-# walks): one chunk B=16 19.7 / 17.6; two B=16 T=128 25.8 / 25.4; three B=16 T=192 32.7 / 29.9; four B=16 T=256
-# 35.6 / 34.8; eight B=16 58.3 / 55.3, B=8 H=16 HV=32 102.4 / 91.4; sixteen B=16 100.2 / 92.7, B=32 187.8 / 165.7;
-# 32 B=8 T=2048 HV=16 170.2 / 164.9; 64 B=8 T=4096 H=16 HV=32 631.6 / 609.3; 128 B=4 T=8192 H=16 HV=32 635.7 /
-# 607.3. Rounds 0.73 filled (96 or 192 walks): two chunks B=24 T=128 36.8 / 35.8 still win (and one, B=12 19.1 /
-# 16.5, under SPECIALIZED_MIN_WALKS: not taken, with 64 walks unmeasured); four B=12 T=256 32.0 / 33.2, eight B=12
-# 52.1 / 53.6, sixteen B=12 87.5 / 91.7, 64 B=6 T=4096 HV=32 554.5 / 619.0, 128 B=3 T=8192 558.7 / 597.3 lose.
-# Unequal walks lose: parity varlen N=64 T=6656 HV=4 (256 walks, the longest 7 chunks, its chunks 0.31 of 64 such)
-# 46.9 / 63.7 (thirty-fifth session).
+# or more walks that keep its programs busy: its programs take whole walks in turn, dealt longest first
+# (chunk.WalkOrder), and the fill is the share of the SMs' time over the most loaded program's walks that walks
+# take (one program a SM). Walks of about equal length (their chunks SPECIALIZED_MIN_FILL or more of N walks as long
+# as the longest) of one or two chunks run on it at any fill, longer ones from SPECIALIZED_MIN_ROUND_FILL (for them,
+# walks over the rounds' slots); unequal walks from SPECIALIZED_MIN_UNEQUAL_FILL, where the two-kernel path's
+# programs meet the same unequal walks in order. Whole calls on an H100, thirty-sixth session (us, the two-kernel
+# path / the specialized kernel with S^T through shared memory, one run side by side, exp/rule3.yaml in
+# BENCHMARKS.md), D = 128, H = HV = 8 unless given. Rounds 0.97 filled (128 or 256 walks): one chunk B=16 19.7 /
+# 17.6; two B=16 T=128 25.8 / 25.4; three B=16 T=192 32.7 / 29.9; four B=16 T=256 35.6 / 34.8; eight B=16 58.3 /
+# 55.3, B=8 H=16 HV=32 102.4 / 91.4; sixteen B=16 100.2 / 92.7, B=32 187.8 / 165.7; 32 B=8 T=2048 HV=16 170.2 /
+# 164.9; 64 B=8 T=4096 H=16 HV=32 631.6 / 609.3; 128 B=4 T=8192 H=16 HV=32 635.7 / 607.3. Rounds 0.73 filled (96
+# or 192 walks): two chunks B=24 T=128 36.8 / 35.8 still win (and one, B=12 19.1 / 16.5, under
+# SPECIALIZED_MIN_WALKS: not taken, with 64 walks unmeasured); four B=12 T=256 32.0 / 33.2, eight B=12 52.1 / 53.6,
+# sixteen B=12 87.5 / 91.7, 64 B=6 T=4096 HV=32 554.5 / 619.0, 128 B=3 T=8192 558.7 / 597.3 lose. Unequal walks,
+# thirty-eighth session, with the walks dealt longest first (varlen, the suites' seeded split, exp/varlen.yaml in
+# BENCHMARKS.md; N sequences, T tokens, fill): win N=128 T=8192 HV=4 (0.87) 63.4 / 50.2, N=64 T=4096 HV=8 (0.90)
+# 66.4 / 52.1, N=32 T=8192 HV=8 (0.62) 90.6 / 74.9, N=16 T=16384 HV=32 (0.94) 376.9 / 330.0, N=8 T=32768 HV=32
+# (0.84) 757.6 / 707.0, parity's N=64 T=6656 HV=4 (0.60) 46.0 / 44.5; lose N=32 T=4096 HV=4 (0.27) 32.9 / 51.6,
+# N=64 T=16384 HV=4 (0.32) 80.4 / 133.5, N=48 T=12288 HV=4 (0.33) 63.1 / 100.8, N=32 T=16384 HV=8 (0.33) 130.6 /
+# 240.2, N=16 T=8192 HV=8 (0.33) 72.6 / 122.7, N=4 T=32768 HV=32 (0.44) 653.7 / 1319.1, where one long walk
+# sets the makespan and the two-kernel path cuts it into warm-up segments.
 SPECIALIZED_MIN_WALKS = 128
 SPECIALIZED_MIN_ROUND_FILL = 0.9  # measured: 0.97 and 0.73; between them, not
 SPECIALIZED_MIN_FILL = 0.75  # measured: 1 (padded) and 0.31; between them, not
+SPECIALIZED_MIN_UNEQUAL_FILL = 0.5  # measured: 0.60 and 0.44; between them, not
 
 
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device) -> WalkOrder:
+    """The walks of walk=SPECIALIZED dealt to its programs, one per SM at most."""
+    return layout.walk_order(HV, max(min(layout.N * HV, _sm_count(device)), 1))
 
 
 # Warm-up segments (``chunk.SegmentLayout`` with ``warm_up``) by default where the sequential walks (N * HV
@@ -530,9 +544,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
     programs make one wave of two per SM that fills half the SMs or more and the longest walk has
     SM90_WALK_MIN_CHUNKS chunks; SPECIALIZED (the prep in the same kernel), before those two, on
-    SPECIALIZED_MIN_WALKS or more about equal walks (SPECIALIZED_MIN_FILL) that fill the rounds of one walk a SM
-    (SPECIALIZED_MIN_ROUND_FILL) where they are three chunks or longer, with the gates given (raw_gate False); else
-    "triton"."""
+    SPECIALIZED_MIN_WALKS or more walks that, dealt to one program a SM, fill them (SPECIALIZED_MIN_*), with the
+    gates given (raw_gate False); else "triton"."""
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
@@ -540,10 +553,14 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
-    if walks >= SPECIALIZED_MIN_WALKS and chunks > 0 and layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks and \
-            (chunks <= 2 or walks / (triton.cdiv(walks, sms) * sms) >= SPECIALIZED_MIN_ROUND_FILL) and \
-            chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None:
-        return SPECIALIZED
+    if walks >= SPECIALIZED_MIN_WALKS and chunks > 0 and chunk_specialized_sm90.unsupported(q, V, raw_gate,
+                                                                                         qk_l2norm) is None:
+        fill = _specialized_order(layout, HV, q.device).fill(sms)
+        if layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks:  # about equal walks
+            if chunks <= 2 or fill >= SPECIALIZED_MIN_ROUND_FILL:
+                return SPECIALIZED
+        elif fill >= SPECIALIZED_MIN_UNEQUAL_FILL:
+            return SPECIALIZED
     if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (programs > sms or (short and programs > sms // 2)):
         return "sm90_transposed"
     if sms // 2 < walks * triton.cdiv(V, chunk_walk_sm90.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
@@ -645,7 +662,7 @@ def chunk_fused_gdn(
     elif walk == SPECIALIZED:
         chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
                                                  x.ws.final_state if output_final_state else None, lay.seq_bounds,
-                                                 lay.N, x.scale, _sm_count(q.device))
+                                                 _specialized_order(lay, HV, q.device), x.scale)
     else:
         _prep(x, lay, prep)
         if walk in GLUON_WALKS:

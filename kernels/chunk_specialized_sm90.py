@@ -3,7 +3,8 @@
 The two-kernel path runs the prep kernel (``chunk_prep_sm90``) over every chunk, then the walk
 (``chunk_walk_transposed_sm90``): the prep's time and the walk's dependent chain add up, while neither fills
 the SM on its own (BENCHMARKS.md, thirty-third session: the walk alone takes about FlashInfer's whole time).
-Here one program per SM takes (sequence, value head) pairs in turn, and its four warpgroups overlap them:
+Here one program per SM takes (sequence, value head) pairs in turn, dealt on the host longest first
+(``chunk.WalkOrder``), and its four warpgroups overlap them:
 
   - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
     chunks ahead as the stages let it;
@@ -34,7 +35,8 @@ now 1.05x faster than the two-kernel path). ``chunk_fused.walk_default`` picks t
 
 Thirty-seventh session: the loads, the gates' cumsum and the walk order moved from the prep warpgroup to a fourth
 one of 24 registers, which shortens the prep's loop by a fifth (1,618 SASS instructions against 2,057): 1.07-1.08x
-on parity's many short walks, 0.99x at qwen3-next B=4 T=8192.
+on parity's many short walks, 0.99x at qwen3-next B=4 T=8192. Thirty-eighth session: the walks dealt longest first
+instead of in order, 1.09-1.28x on unequal ones whose longest met on one program (parity varlen N=64 T=6656: 1.21x).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -45,6 +47,8 @@ Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU t
 from __future__ import annotations
 
 from torch import Tensor
+
+from .chunk import WalkOrder
 
 from .chunk_prep_sm90 import unsupported as _prep_unsupported
 from .chunk_walk_sm90 import unsupported as _walk_unsupported
@@ -72,12 +76,19 @@ MAX_REGS = (2 * WALK_REGS + PREP_REGS + LOAD_REGS) // 4  # at launch; setmaxnreg
 
 if GLUON_MISSING is None:
     @gluon.jit
-    def _item_bounds(item, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
-        """(value head, first token, end, chunks) of the (sequence, value head) pair ``item``."""
-        i_n = item // HV
+    def _my_walks(order):
+        """The range of this program's walks in order[1] (``chunk.WalkOrder``)."""
+        offsets, _ = order
+        return gl.load(offsets + gl.program_id(0)), gl.load(offsets + gl.program_id(0) + 1)
+
+    @gluon.jit
+    def _walk_bounds(order, i, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
+        """(walk, value head, first token, end, chunks) of walk i of order (a (sequence, value head) pair)."""
+        walk = gl.load(order[1] + i)
+        i_n = walk // HV
         bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
         eos = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32)
-        return item % HV, bos, eos, (eos - bos + BT - 1) // BT
+        return walk, walk % HV, bos, eos, (eos - bos + BT - 1) // BT
 
     @gluon.jit
     def _add(a, b):
@@ -90,15 +101,16 @@ if GLUON_MISSING is None:
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
         cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items, gates = args
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
         L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         i = gl.arange(0, BT, layout=L)
         it = 0
-        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            i_h, bos, eos, NT = _item_bounds(item, seq_bounds, HV, BT)
+        first, last = _my_walks(order)
+        for w in range(first, last):
+            i_h, bos, eos, NT = _walk_bounds(order, w, seq_bounds, HV, BT)[1:]
             col_k = (i_h // (HV // H)) * K
             for t in range(NT):
                 tok = bos + t * BT
@@ -147,13 +159,14 @@ if GLUON_MISSING is None:
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
         """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items, gates = args
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         gate_s, g_ready, g_free = gates
         it = 0
-        for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
-            _, _, _, NT = _item_bounds(item, seq_bounds, HV, BT)
+        first, last = _my_walks(order)
+        for w in range(first, last):
+            NT = _walk_bounds(order, w, seq_bounds, HV, BT)[4]
             for t in range(NT):
                 s = it % NA
                 cs = it % NC
@@ -229,16 +242,15 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr):
         """Walks this program's items on value columns [HALF * BV, (HALF + 1) * BV)."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items, gates = args
+        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, order, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
-        pid = gl.program_id(0)
-        step = gl.num_programs(0)
         it = 0
-        for item in range(pid, n_items, step):
-            i_h, bos, eos, NT = _item_bounds(item, seq_bounds, HV, BT)
+        first, last = _my_walks(order)
+        for w in range(first, last):
+            walk, i_h, bos, eos, NT = _walk_bounds(order, w, seq_bounds, HV, BT)
             if USE_H0:
-                S = gl.load(h0 + _state_offsets(item, HALF, K, V, BV, mma_s))
+                S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
             else:
                 S = gl.zeros([BV, K], gl.float32, mma_s)
             col_v = i_h * V + HALF * BV
@@ -247,7 +259,7 @@ if GLUON_MISSING is None:
                                 HV, V, BT, BV, NA, NC)
                 it += 1
             if STORE_HT:
-                gl.store(ht + _state_offsets(item, HALF, K, V, BV, mma_s), S)
+                gl.store(ht + _state_offsets(walk, HALF, K, V, BV, mma_s), S)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -263,7 +275,8 @@ if GLUON_MISSING is None:
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
-    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, seq_bounds, scale, n_items,
+    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, seq_bounds, scale, order_offsets,
+                            order_walks,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                             USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WALK_REGS: gl.constexpr,
@@ -298,8 +311,8 @@ if GLUON_MISSING is None:
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=1)
         work = (d_s, band_s)  # the prep warpgroup's own
-        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, seq_bounds, g, beta, o, h0, ht, scale, n_items,
-                (gate_s, g_ready, g_free))
+        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, seq_bounds, g, beta, o, h0, ht, scale,
+                (order_offsets, order_walks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
                             (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
@@ -314,20 +327,19 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, sms: int) -> None:
-    """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds ([N, 2]
-    token ranges into the flat batch) from h0 (fp32 [N, HV, K, V], or zero), in one program per SM (sms: the
-    device's count). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see
-    ``unsupported``)."""
+                      ht: Tensor | None, seq_bounds: Tensor, order: WalkOrder, scale: float) -> None:
+    """Outputs into ``out`` and final states into ``ht`` (or not stored) of the sequences of seq_bounds ([N, 2]
+    token ranges into the flat batch) from h0 (fp32 [N, HV, K, V], or zero), in one program per walk list of
+    ``order`` (``ChunkLayout.walk_order(HV, programs)``: one per SM at most). q, k [B, T, H, 128], v, out [B, T,
+    HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
-    n_items = N * HV
-    _specialized_kernel[(max(min(n_items, sms), 1),)](
-        *descs, out, g, beta, h0, ht, seq_bounds, scale, n_items, H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC,
-        NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS,
-        LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
+    _specialized_kernel[(order.programs,)](
+        *descs, out, g, beta, h0, ht, seq_bounds, scale, order.offsets, order.walks, H=H, HV=HV, K=K, V=V, BT=BT,
+        BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS,
+        PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def describe() -> str:
