@@ -727,8 +727,8 @@ class ChunkLayout:
         (``WalkOrder.deal``); built on the host on first use and kept, so that timed calls only read it."""
         key = heads, programs
         if key not in self._walk_orders:
-            chunks = [triton.cdiv(e - s, CHUNK) for s, e in self.spans for _ in range(heads)]
-            self._walk_orders[key] = WalkOrder.deal(chunks, programs, self.seq_bounds.device)
+            spans = [span for span in self.spans for _ in range(heads)]
+            self._walk_orders[key] = WalkOrder.deal(spans, programs, self.seq_bounds.device)
         return self._walk_orders[key]
 
     def blocks(self, span: int) -> tuple[int, Tensor, Tensor]:
@@ -741,34 +741,44 @@ class ChunkLayout:
 
 @dataclass(frozen=True)
 class WalkOrder:
-    """Walks dealt to persistent programs that each take theirs in turn: program p walks
-    walks[offsets[p]:offsets[p + 1]]."""
+    """Walks dealt to persistent programs that each take theirs in turn: program p walks rows offsets[p] to
+    offsets[p + 1] - 1 of ``walks``, program_chunks[p] chunks in all. A row holds its walk's bounds, so that a
+    program reads them in one round trip at the walk's start (a walk index, then its sequence's bounds, took two,
+    which cost 3-4% on walks of one to four chunks, H200), and a loop over a program's chunks reads nothing per
+    walk."""
 
     programs: int
     makespan: int  # chunks of the most loaded program
     chunks: int  # over all walks
     offsets: Tensor  # [programs + 1] int32
-    walks: Tensor  # [walks] int32
+    walks: Tensor  # [walks, 3] int32: the walk's index, its first token, its end
+    program_chunks: Tensor  # [programs] int32
 
     @classmethod
-    def deal(cls, chunks: list[int], programs: int, device: torch.device | str) -> WalkOrder:
-        """Longest walk first, each to the program with the fewest chunks so far, the lowest-numbered on a tie:
-        equal walks go round the programs in order, and the longest of unequal ones no longer meet on one
-        program, as in order they may (parity's varlen N=64 T=6656: 13 chunks on one program where 7 suffice)."""
+    def deal(cls, spans: list[tuple[int, int]], programs: int, device: torch.device | str) -> WalkOrder:
+        """The walks over the token ranges ``spans`` (walk i over the i-th), longest first, each to the program with
+        the fewest chunks so far, the lowest-numbered on a tie: equal walks go round the programs in order, and the
+        longest of unequal ones no longer meet on one program, as in order they may (parity's varlen N=64 T=6656: 9
+        chunks on one program where 7 suffice)."""
         if programs < 1:
             raise ValueError(f"walks need at least one program, got {programs}")
+        chunks = [triton.cdiv(end - start, CHUNK) for start, end in spans]
         dealt: list[list[int]] = [[] for _ in range(programs)]
         loads = [(0, p) for p in range(programs)]  # a heap of (chunks, program)
         for walk in sorted(range(len(chunks)), key=lambda w: -chunks[w]):
             load, p = heapq.heappop(loads)
             dealt[p].append(walk)
             heapq.heappush(loads, (load + chunks[walk], p))
-        offsets = [0]
+        offsets, program_chunks = [0], [0] * programs
         for mine in dealt:
             offsets.append(offsets[-1] + len(mine))
-        return cls(programs=programs, makespan=max(load for load, _ in loads), chunks=sum(chunks),
+        for load, p in loads:
+            program_chunks[p] = load
+        rows = [(w, *spans[w]) for mine in dealt for w in mine]
+        return cls(programs=programs, makespan=max(program_chunks), chunks=sum(chunks),
                    offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
-                   walks=torch.tensor([w for mine in dealt for w in mine], dtype=torch.int32, device=device))
+                   walks=torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 3),
+                   program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device))
 
     def fill(self, slots: int) -> float:
         """The share of ``slots`` programs' time over the makespan that walks take (1: none idle)."""

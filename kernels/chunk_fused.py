@@ -661,7 +661,7 @@ def chunk_fused_gdn(
         _pipelined(x, pipeline, fuse, output_final_state, walk, prep)
     elif walk == SPECIALIZED:
         chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
-                                                 x.ws.final_state if output_final_state else None, lay.seq_bounds,
+                                                 x.ws.final_state if output_final_state else None,
                                                  _specialized_order(lay, HV, q.device), x.scale)
     else:
         _prep(x, lay, prep)

@@ -77,17 +77,18 @@ MAX_REGS = (2 * WALK_REGS + PREP_REGS + LOAD_REGS) // 4  # at launch; setmaxnreg
 if GLUON_MISSING is None:
     @gluon.jit
     def _my_walks(order):
-        """The range of this program's walks in order[1] (``chunk.WalkOrder``)."""
-        offsets, _ = order
+        """The range of this program's rows in order[1] (``chunk.WalkOrder``)."""
+        offsets = order[0]
         return gl.load(offsets + gl.program_id(0)), gl.load(offsets + gl.program_id(0) + 1)
 
     @gluon.jit
-    def _walk_bounds(order, i, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
-        """(walk, value head, first token, end, chunks) of walk i of order (a (sequence, value head) pair)."""
-        walk = gl.load(order[1] + i)
-        i_n = walk // HV
-        bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
-        eos = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32)
+    def _walk_bounds(order, i, HV: gl.constexpr, BT: gl.constexpr):
+        """(walk, value head, first token, end, chunks) of row i of order: walk n * HV + h is sequence n's value
+        head h."""
+        row = order[1] + 3 * i
+        walk = gl.load(row)
+        bos = gl.load(row + 1)
+        eos = gl.load(row + 2)
         return walk, walk % HV, bos, eos, (eos - bos + BT - 1) // BT
 
     @gluon.jit
@@ -101,7 +102,7 @@ if GLUON_MISSING is None:
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
         cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
@@ -110,7 +111,7 @@ if GLUON_MISSING is None:
         it = 0
         first, last = _my_walks(order)
         for w in range(first, last):
-            i_h, bos, eos, NT = _walk_bounds(order, w, seq_bounds, HV, BT)[1:]
+            i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)[1:]
             col_k = (i_h // (HV // H)) * K
             for t in range(NT):
                 tok = bos + t * BT
@@ -159,26 +160,21 @@ if GLUON_MISSING is None:
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
         """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         gate_s, g_ready, g_free = gates
-        it = 0
-        first, last = _my_walks(order)
-        for w in range(first, last):
-            NT = _walk_bounds(order, w, seq_bounds, HV, BT)[4]
-            for t in range(NT):
-                s = it % NA
-                cs = it % NC
-                gs = it % NG
-                mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
-                mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
-                mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-                _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
-                            ai_s.index(cs), p_s.index(cs), gc_s.index(cs), work, BT)
-                mbarrier.arrive(c_ready.index(cs), count=1)
-                mbarrier.arrive(g_free.index(gs), count=1)
-                it += 1
+        for it in range(gl.load(order[2] + gl.program_id(0))):  # this program's chunks, whichever walks they are of
+            s = it % NA
+            cs = it % NC
+            gs = it % NG
+            mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
+            mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
+            mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
+            _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
+                        ai_s.index(cs), p_s.index(cs), gc_s.index(cs), work, BT)
+            mbarrier.arrive(c_ready.index(cs), count=1)
+            mbarrier.arrive(g_free.index(gs), count=1)
 
     @gluon.jit
     def _walk_chunk(it, tok, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr, HV: gl.constexpr,
@@ -242,13 +238,13 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr):
         """Walks this program's items on value columns [HALF * BV, (HALF + 1) * BV)."""
-        ring, made, work, descs, s_s, seq_bounds, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
         first, last = _my_walks(order)
         for w in range(first, last):
-            walk, i_h, bos, eos, NT = _walk_bounds(order, w, seq_bounds, HV, BT)
+            walk, i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)
             if USE_H0:
                 S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
             else:
@@ -275,8 +271,8 @@ if GLUON_MISSING is None:
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
-    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, seq_bounds, scale, order_offsets,
-                            order_walks,
+    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_offsets, order_walks,
+                            order_chunks,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                             USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WALK_REGS: gl.constexpr,
@@ -311,8 +307,8 @@ if GLUON_MISSING is None:
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=1)
         work = (d_s, band_s)  # the prep warpgroup's own
-        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, seq_bounds, g, beta, o, h0, ht, scale,
-                (order_offsets, order_walks), (gate_s, g_ready, g_free))
+        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
+                (order_offsets, order_walks, order_chunks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
                             (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
@@ -327,18 +323,18 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, seq_bounds: Tensor, order: WalkOrder, scale: float) -> None:
-    """Outputs into ``out`` and final states into ``ht`` (or not stored) of the sequences of seq_bounds ([N, 2]
-    token ranges into the flat batch) from h0 (fp32 [N, HV, K, V], or zero), in one program per walk list of
-    ``order`` (``ChunkLayout.walk_order(HV, programs)``: one per SM at most). q, k [B, T, H, 128], v, out [B, T,
-    HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
+                      ht: Tensor | None, order: WalkOrder, scale: float) -> None:
+    """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
+    (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
+    h) from h0 (fp32 [N, HV, K, V], or zero). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all
+    contiguous (see ``unsupported``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
-        *descs, out, g, beta, h0, ht, seq_bounds, scale, order.offsets, order.walks, H=H, HV=HV, K=K, V=V, BT=BT,
-        BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS,
+        *descs, out, g, beta, h0, ht, scale, order.offsets, order.walks, order.program_chunks, H=H, HV=HV, K=K, V=V,
+        BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS,
         PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
 
 
