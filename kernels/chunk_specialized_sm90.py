@@ -49,7 +49,6 @@ from __future__ import annotations
 from torch import Tensor
 
 from .chunk import WalkOrder
-
 from .chunk_prep_sm90 import unsupported as _prep_unsupported
 from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
@@ -237,7 +236,7 @@ if GLUON_MISSING is None:
     def _walker(args, HALF: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr):
-        """Walks this program's items on value columns [HALF * BV, (HALF + 1) * BV)."""
+        """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV)."""
         ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
