@@ -109,19 +109,26 @@ if GLUON_MISSING is None:
         return gc_r, gl.convert_layout(gc_r, gl.SliceLayout(0, mma))
 
     @gluon.jit
-    def _gated_kkt(k_s, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
-        """A = strictLower(diag(beta)(Gamma o K K^T)) of the key tile k_s (fp32). The callers' beta is 0 past the
-        sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row, finite
-        where it is."""
+    def _gated_kkt(k_s, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr, MASKED: gl.constexpr):
+        """A = diag(beta)(Gamma o K K^T) of the key tile k_s (fp32) below the diagonal; on and above it 0 where
+        MASKED, else values that ``_solve`` never reads (the gates there may overflow). The callers' beta is 0 past
+        the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row, finite
+        where it is. Unmasked, chunk_specialized_sm90 is 1.01-1.03x faster (ptxas had kept r > c through the solve,
+        for the scores, as a bitmask of predicates rebuilt every chunk) and this module's kernel 1.6-3.3% slower
+        (BENCHMARKS.md, thirty-eighth session)."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
+        if MASKED:
+            gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
+        else:
+            gates = exp(gc_r[:, None] - gc_c[None, :])
         return A * gates * beta_r[:, None]
 
     @gluon.jit
     def _solve(A, d_s, l_s, m_s, band_s, BT: gl.constexpr, mma: gl.constexpr):
-        """(I + A)^-1 (fp32, mma layout) of the strictly lower tile A; Ai is it times diag(beta), which the callers
+        """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
+        is read: L is masked, the block inverses read below it only); Ai is it times diag(beta), which the callers
         apply (beta's columns need not stay in registers through the solve). With D = blockdiag(Y_b)
         (``_block_inverses`` through ``band_s``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
         M^3) D with M = D L, in four wgmma products whose operands are rounded to d_s's dtype. d_s, l_s and m_s:
@@ -181,7 +188,7 @@ if GLUON_MISSING is None:
 
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
-        A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma)
+        A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma, True)
         Ai_t = _solve(A, d_s, l_s, m_s, band_s, BT, mma) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))

@@ -36,7 +36,8 @@ now 1.05x faster than the two-kernel path). ``chunk_fused.walk_default`` picks t
 Thirty-seventh session: the loads, the gates' cumsum and the walk order moved from the prep warpgroup to a fourth
 one of 24 registers, which shortens the prep's loop by a fifth (1,618 SASS instructions against 2,057): 1.07-1.08x
 on parity's many short walks, 0.99x at qwen3-next B=4 T=8192. Thirty-eighth session: the walks dealt longest first
-instead of in order, 1.09-1.28x on unequal ones whose longest met on one program (parity varlen N=64 T=6656: 1.21x).
+instead of in order, 1.09-1.28x on unequal ones whose longest met on one program (parity varlen N=64 T=6656: 1.21x);
+K K^T's gates unmasked (``_gated_kkt``), 1.01-1.03x.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -144,7 +145,7 @@ if GLUON_MISSING is None:
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         beta_r = beta_g.load(gl.SliceLayout(1, mma))
         gc_dst.store(gc_c)
-        A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, BT, mma)
+        A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, BT, mma, False)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
         Ai = _solve(A, d_s, ai_dst, p_dst, band_s, BT, mma)  # ai_dst: L until Ai, p_dst: -M until the scores
