@@ -116,8 +116,8 @@ if GLUON_MISSING is None:
         where it is. Unmasked, chunk_specialized_sm90 is 1.01-1.03x faster (ptxas had kept r > c through the solve,
         for the scores, as a bitmask of predicates rebuilt every chunk) and this module's kernel 1.6-3.3% slower
         (BENCHMARKS.md, thirty-eighth session)."""
-        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
-        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))  # before the product, as ever: the prep kernel's SASS
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))  # changes (56 instructions fewer, untimed) if after it
         A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
         if MASKED:
             gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
