@@ -65,8 +65,9 @@ if GLUON_MISSING is None:
         """D = blockdiag(Y_b), Y_b = (I + A_b)^-1, of the fp32 tile A's four diagonal 16 x 16 blocks (in and out in
         the layout mma), by forward substitution, each thread holding column c of one Y_b in registers (each
         column twice over the four warps). Step k reads column k of every A_b, the same for the block's 16
-        threads, takes Y_b[k, c], final by then, and subtracts its share from the rows below. The -0.0 and 0.0 of
-        the selects along the in-thread axis fold away in compilation.
+        threads, takes Y_b[k, c], final by then, and subtracts its share from the rows below: A_b on and above its
+        diagonal is never read (``_gated_kkt`` may leave anything there). The -0.0 and 0.0 of the selects along the
+        in-thread axis fold away in compilation.
 
         The blocks go through band_s (BAND, 4 KB), each thread storing the 8 of its 32 values of A that lie in
         them: the whole tile through shared memory meets the banks 4 ways in the mma layout, and a global

@@ -169,6 +169,7 @@ def _check_specialized(case: Case, device: torch.device) -> str | None:
                                                                        check=_check_specialized))
 def triton_chunk_specialized(p: Problem) -> Prepared:
     """triton.chunk_fused with the prep and the walk in one warp-specialized Gluon kernel (an H100/H200, K = V =
-    128, gates given, q and k normalised beforehand) on every case, where triton.chunk_fused takes it on 128+ about
-    equal walks that fill the SMs' rounds only (chunk_fused.walk_default): slower on fewer or unequal walks."""
+    128, gates given, q and k normalised beforehand) on every case, where triton.chunk_fused takes it on 128+ walks
+    that keep one program a SM busy only (chunk_fused.walk_default): slower on fewer walks or where one long walk
+    sets the pace."""
     return _prepare(p, fused=True, walk="sm90_specialized")
