@@ -1,5 +1,5 @@
-"""``chunk_fused``'s prep kernel for Hopper (sm_90), in Gluon: the same math and rounding as
-``chunk_fused._chunk_prep_fn`` with pre-computed gates, one program per (chunk, value head):
+"""``chunk_fused``'s prep kernel for Hopper (sm_90), in Gluon: the same math as ``chunk_fused._chunk_prep_fn``
+with pre-computed gates, one program per (chunk, value head):
 
     gc = cumsum(g), A = strictLower(diag(beta)(Gamma o K K^T)), Ai = (I + A)^-1 diag(beta)
 
@@ -9,12 +9,10 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
 
   - the key tile comes by TMA straight into the wgmma's shared-memory layout (Triton loads it into
     registers, then stores it to shared memory);
-  - A's diagonal 16 x 16 blocks go to a 4 KB shared band from the wgmma's own register layout (Triton converts
-    the whole [64, 64] fp32 tile through shared memory first, to store a quarter of it in a global scratch);
-  - each block is inverted by forward substitution with one column of the inverse per thread,
-    (I + A_b) Y = I column by column: the column stays in the thread's registers, and each step reads
-    one column of A_b, the same for the block's 16 threads (Triton's column substitution sums along a
-    row across threads at each of its 15 steps);
+  - A's diagonal 16 x 16 blocks are inverted in the registers of the warp that holds them in the wgmma's
+    layout, by doubling with mma_v2 (``_block_inverses``; Triton substitutes column by column through a global
+    scratch, and this kernel did so through shared memory until the thirty-ninth session: 1.03-1.05x on
+    qwen3-next B=1);
   - Ai leaves by TMA.
 
 Then, as in Triton, with D = blockdiag(Y) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2
@@ -22,7 +20,8 @@ Then, as in Triton, with D = blockdiag(Y) and L = A below the diagonal blocks, (
 ``chunk_specialized_sm90`` shares). H100 (BENCHMARKS.md,
 thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (B=4 T=8192: 287 -> 229 us;
 FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
-and 1.02-1.11x on parity's rows it serves.
+and 1.02-1.11x on parity's rows it serves. The block inverses' fp16 products put Ai within 3.3e-4 of an fp64
+solve where the Triton kernel's is within 2.5e-4 (fp16 inputs, keys of one sign, weak decay; bf16: 2.0e-3 both).
 
 Envelope (``unsupported``): sm_90, bf16 or fp16, K in 64, 128, 256, gates given (``gating: pre``: raw gates
 and the in-kernel L2 norm stay with the Triton kernel). Rows past a sequence's end within its last chunk
@@ -38,8 +37,8 @@ from torch import Tensor
 from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
 
 if GLUON_MISSING is None:
-    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load, \
-        tma_store, warpgroup_mma
+    from .gluon_hopper import exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, tma, tma_load, tma_store, \
+        warpgroup_mma
 
 __all__ = ["chunk_prep", "unsupported", "describe"]
 
@@ -49,56 +48,42 @@ HEAD_DIMS = (64, 128, 256)
 
 
 if GLUON_MISSING is None:
-    # A's four diagonal 16 x 16 blocks in shared memory as [64, 16] fp32 (4 KB), [16 b + i, k] = A[16 b + i, 16 b + k]
-    # at offset 256 b + 16 k + i: stored from the mma layout's rows, read flat by columns (``_flat``)
-    BAND = gl.constexpr(gl.SharedLinearLayout(
-        offset_bases=[[1, 0], [2, 0], [4, 0], [8, 0], [0, 1], [0, 2], [0, 4], [0, 8], [16, 0], [32, 0]]))
+    @gluon.jit
+    def _half(x, operand: gl.constexpr):
+        """x rounded to fp16 as mma_v2's operand in the layout ``operand``."""
+        return gl.convert_layout(x.to(gl.float16), operand)
 
     @gluon.jit
-    def _flat(band_s, shape: gl.constexpr):
-        """band_s (BAND) as a row-major tensor of ``shape``, [4, 256] ([b, k * 16 + i]) or [4, 16, 16] ([b, k, i])."""
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=list(range(len(shape) - 1, -1, -1)))
-        return reinterpret(band_s, gl.float32, shape, plain)
-
-    @gluon.jit
-    def _block_inverses(A, band_s, BT: gl.constexpr, mma: gl.constexpr):
-        """D = blockdiag(Y_b), Y_b = (I + A_b)^-1, of the fp32 tile A's four diagonal 16 x 16 blocks (in and out in
-        the layout mma), by forward substitution, each thread holding column c of one Y_b in registers (each
-        column twice over the four warps). Step k reads column k of every A_b, the same for the block's 16
-        threads, takes Y_b[k, c], final by then, and subtracts its share from the rows below: A_b on and above its
-        diagonal is never read (``_gated_kkt`` may leave anything there). The -0.0 and 0.0 of the selects along the
-        in-thread axis fold away in compilation.
-
-        The blocks go through band_s (BAND, 4 KB), each thread storing the 8 of its 32 values of A that lie in
-        them: the whole tile through shared memory meets the banks 4 ways in the mma layout, and a global
-        scratch (L1-resident) was 1.02-1.03x slower on qwen3-next's prefill (BENCHMARKS.md, thirty-sixth
-        session). The caller orders band_s's reuse (the previous chunk's reads end in a barrier in
-        chunk_specialized_sm90._prep_chunk)."""
-        L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 16], threads_per_warp=[2, 16, 1],
-                                            warps_per_cta=[2, 2, 1], order=[2, 1, 0])  # [b, c, i]
-        Lbi: gl.constexpr = gl.SliceLayout(1, L3)
-        Lbc: gl.constexpr = gl.SliceLayout(2, L3)
-        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbc)), 0), 2)
-        i3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 16, layout=gl.SliceLayout(0, Lbi)), 0), 1)
-        # the blocks picked out of each thread's registers: mma's column blocks are register bits
-        A3 = gl.reshape(A, [BT, BT // 16, 16])
-        L3A: gl.constexpr = A3.type.layout
+    def _block_inverses(A, BT: gl.constexpr, mma: gl.constexpr):
+        """D = blockdiag(Y_b), Y_b = (I + N_b)^-1, N_b the strictly lower part of the fp32 tile A's four diagonal
+        16 x 16 blocks (in and out in the layout mma; A_b on and above its diagonal is never read: ``_gated_kkt``
+        may leave anything there), by doubling the inverted blocks along the diagonal: with Y the inverses of the
+        s x s blocks and L the part of N_b below them within the 2s x 2s blocks, those of the 2s x 2s blocks are
+        Y - Y L Y, for s = 2, 4, 8 (from s = 1, where Y = I - L), in six mma_v2 products (operands fp16).
+        Warp b holds rows 16 b to 16 b + 15 of mma, so block b stays in its registers throughout: no shared
+        memory and no barrier, where forward substitution read a column of A_b from shared memory at each of its
+        15 steps. The Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8), as many products but half as deep, lost
+        accuracy to cancellation: 1.5e-3 of D's norm with fp16 operands on keys of one sign, where this form is
+        within 3x of D's own rounding to fp16 (BENCHMARKS.md, thirty-ninth session)."""
+        A3 = gl.reshape(A, [BT, BT // 16, 16])  # the blocks picked out of each thread's registers: mma's column
+        L3A: gl.constexpr = A3.type.layout  # blocks are register bits
         bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
         ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
         keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
-        band_s.store(gl.sum(gl.where(keep, A3, 0.0), axis=1))
-        columns = _flat(band_s, [BT // 16, 256])
-        cta_barrier()  # the columns were written by other threads
-        Y = gl.where(i3 == c3, 1.0, 0.0) + gl.zeros([BT // 16, 16, 16], gl.float32, L3)
-        for k in gl.static_range(16):
-            a_k = columns.slice(k * 16, 16, dim=1).load(Lbi)  # A_b[i, k]
-            y_k = gl.sum(gl.where(i3 == k, Y, -0.0), axis=2)  # Y_b[k, c]
-            Y = Y - gl.where(i3 > k, gl.expand_dims(a_k, 1) * gl.expand_dims(y_k, 2), 0.0)
-        cta_barrier()  # every column of A_b read before Y_b takes its place
-        _flat(band_s, [BT // 16, 16, 16]).store(Y)  # [b, c, i] = Y_b[i, c]: where BAND keeps D[16 b + i, 16 b + c]
-        cta_barrier()
-        band = band_s.load(gl.SliceLayout(1, L3A))
-        return gl.convert_layout(gl.reshape(gl.where(keep, gl.expand_dims(band, 1), 0.0), [BT, BT]), mma)
+        mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+        N = gl.convert_layout(gl.reshape(gl.sum(gl.where(keep, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
+        i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
+        k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, mv2)))[None, None, :]
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mv2, k_width=2)
+        b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mv2, k_width=2)
+        zero = gl.zeros([BT // 16, 16, 16], gl.float32, mv2)
+        Y = gl.where(i == k, 1.0, gl.where((i // 2 == k // 2) & (i > k), -N, 0.0))
+        for level in gl.static_range(1, 4):  # Y - (Y L) Y: the accumulator's layout is A's, B's is a shuffle away
+            below = (i >> (level + 1) == k >> (level + 1)) & (i >> level > k >> level)  # s = 2^level
+            YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
+            Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
+        Yb = gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A))
+        return gl.convert_layout(gl.reshape(gl.where(keep, gl.expand_dims(Yb, 1), 0.0), [BT, BT]), mma)
 
     @gluon.jit
     def _chunk_cumsum(g_c, BT: gl.constexpr, mma: gl.constexpr):
@@ -127,11 +112,11 @@ if GLUON_MISSING is None:
         return A * gates * beta_r[:, None]
 
     @gluon.jit
-    def _solve(A, d_s, l_s, m_s, band_s, BT: gl.constexpr, mma: gl.constexpr):
+    def _solve(A, d_s, l_s, m_s, BT: gl.constexpr, mma: gl.constexpr):
         """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
         is read: L is masked, the block inverses read below it only); Ai is it times diag(beta), which the callers
         apply (beta's columns need not stay in registers through the solve). With D = blockdiag(Y_b)
-        (``_block_inverses`` through ``band_s``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
+        (``_block_inverses``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
         M^3) D with M = D L, in four wgmma products whose operands are rounded to d_s's dtype. d_s, l_s and m_s:
         [BT, BT] operand tiles for D, L and -M."""
         dt: gl.constexpr = d_s.dtype
@@ -140,7 +125,7 @@ if GLUON_MISSING is None:
         blk_r = r // 16
         blk_c = c // 16
         l_s.store(gl.where(blk_r[:, None] > blk_c[None, :], A, 0.0).to(dt))
-        d_s.store(_block_inverses(A, band_s, BT, mma).to(dt))
+        d_s.store(_block_inverses(A, BT, mma).to(dt))
         fence_async_shared()
         diag = r[:, None] == c[None, :]
         zero = gl.zeros([BT, BT], gl.float32, mma)
@@ -171,7 +156,6 @@ if GLUON_MISSING is None:
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
         m_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
-        band_s = gl.allocate_shared_memory(gl.float32, [BT, 16], BAND)
         bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bar.index(0), count=1)
         mbarrier.expect(bar.index(0), k_desc.block_type.nbytes)
@@ -190,7 +174,7 @@ if GLUON_MISSING is None:
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
         A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma, True)
-        Ai_t = _solve(A, d_s, l_s, m_s, band_s, BT, mma) * beta_c[None, :]
+        Ai_t = _solve(A, d_s, l_s, m_s, BT, mma) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))
             fence_async_shared()

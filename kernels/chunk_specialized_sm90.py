@@ -9,13 +9,13 @@ Here one program per SM takes (sequence, value head) pairs in turn, dealt on the
   - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
     chunks ahead as the stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
-    inverses through shared memory) and the gated scores P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j,
+    inverses in each warp's registers) and the gated scores P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j,
     into shared memory, one chunk ahead of the walkers;
   - two walker warpgroups (value columns 0-63 and 64-127) each keep S^T [64, K] in registers and run
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (223 KB, one program per SM): k, q and v in three stages, the gates in four, Ai, P^T and gc in two
+Shared memory (219 KB, one program per SM): k, q and v in three stages, the gates in four, Ai, P^T and gc in two
 (the Ai stage holds L during the solve); each walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half
 then takes the output on its way out by TMA. Registers: setmaxnreg gives the walkers 176 each, the prep 136 and
 the loader 24.
@@ -37,7 +37,8 @@ Thirty-seventh session: the loads, the gates' cumsum and the walk order moved fr
 one of 24 registers, which shortens the prep's loop by a fifth (1,618 SASS instructions against 2,057): 1.07-1.08x
 on parity's many short walks, 0.99x at qwen3-next B=4 T=8192. Thirty-eighth session: the walks dealt longest first
 instead of in order, 1.09-1.28x on unequal ones whose longest met on one program (parity varlen N=64 T=6656: 1.21x);
-K K^T's gates unmasked (``_gated_kkt``), 1.01-1.03x.
+K K^T's gates unmasked (``_gated_kkt``), 1.01-1.03x. Thirty-ninth session: the block inverses by doubling in
+registers (``chunk_prep_sm90._block_inverses``), 1.01-1.05x (B=4 T=8192: 1.02x).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -55,7 +56,7 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import BAND, _gated_kkt, _solve
+    from .chunk_prep_sm90 import _gated_kkt, _solve
     from .chunk_walk_transposed_sm90 import _scores_store, _state_offsets
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
@@ -102,7 +103,7 @@ if GLUON_MISSING is None:
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
         cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
-        ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
@@ -135,10 +136,9 @@ if GLUON_MISSING is None:
                 it += 1
 
     @gluon.jit
-    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, work, BT: gl.constexpr):
+    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
         """gc, Ai and P^T of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and
         beta_g its gates."""
-        d_s, band_s = work
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gc_r = gc_g.load(gl.SliceLayout(1, mma))
@@ -148,7 +148,7 @@ if GLUON_MISSING is None:
         A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, BT, mma, False)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
-        Ai = _solve(A, d_s, ai_dst, p_dst, band_s, BT, mma)  # ai_dst: L until Ai, p_dst: -M until the scores
+        Ai = _solve(A, d_s, ai_dst, p_dst, BT, mma)  # ai_dst: L until Ai, p_dst: -M until the scores
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         PT = warpgroup_mma(k_cur, q_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
@@ -160,7 +160,7 @@ if GLUON_MISSING is None:
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
         """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
-        ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         gate_s, g_ready, g_free = gates
@@ -172,7 +172,7 @@ if GLUON_MISSING is None:
             mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
             mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
             _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
-                        ai_s.index(cs), p_s.index(cs), gc_s.index(cs), work, BT)
+                        ai_s.index(cs), p_s.index(cs), gc_s.index(cs), d_s, BT)
             mbarrier.arrive(c_ready.index(cs), count=1)
             mbarrier.arrive(g_free.index(gs), count=1)
 
@@ -238,7 +238,7 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr):
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV)."""
-        ring, made, work, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
@@ -287,7 +287,6 @@ if GLUON_MISSING is None:
         gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         s_s = gl.allocate_shared_memory(dt, [2, BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], dt))
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
-        band_s = gl.allocate_shared_memory(gl.float32, [BT, 16], BAND)
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
@@ -306,8 +305,7 @@ if GLUON_MISSING is None:
         for i in gl.static_range(NG):
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=1)
-        work = (d_s, band_s)  # the prep warpgroup's own
-        args = (ring, made, work, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
+        args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
                 (order_offsets, order_walks, order_chunks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),

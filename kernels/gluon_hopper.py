@@ -13,15 +13,15 @@ from torch import Tensor
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                                   warpgroup_mma_wait)
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, mma_v2, tma,
+                                                                   warpgroup_mma, warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError as e:  # a triton without Gluon
     GLUON_MISSING: str | None = f"triton without Gluon for Hopper ({e})"
 else:
     GLUON_MISSING = None
 
-__all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "tma", "warpgroup_mma",
+__all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "mma_v2", "tma", "warpgroup_mma",
            "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "reinterpret", "descriptor",
            "unsupported_inputs"]
 
