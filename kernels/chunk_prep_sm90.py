@@ -15,9 +15,10 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
     qwen3-next B=1);
   - Ai leaves by TMA.
 
-Then, as in Triton, with D = blockdiag(Y) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2
-- M^3) D with M = D L, in four wgmma products whose operands are rounded to the input dtype (``_solve``, which
-``chunk_specialized_sm90`` shares). H100 (BENCHMARKS.md,
+Then with D = blockdiag(Y_01, Y_23), the diagonal 32 x 32 blocks' inverses (the 16 x 16 ones joined by two more
+mma_v2 products, after an exchange between warps), and L = A below them, (I + A)^-1 = D - (D L) D in two wgmma
+products whose operands are rounded to the input dtype (``_solve``, which ``chunk_specialized_sm90`` shares in
+Triton's form, four products from the 16 x 16 blocks). H100 (BENCHMARKS.md,
 thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (B=4 T=8192: 287 -> 229 us;
 FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
 and 1.02-1.11x on parity's rows it serves. The block inverses' fp16 products put Ai within 3.3e-4 of an fp64
@@ -37,8 +38,8 @@ from torch import Tensor
 from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
 
 if GLUON_MISSING is None:
-    from .gluon_hopper import exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, tma, tma_load, tma_store, \
-        warpgroup_mma
+    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, reinterpret, tma, \
+        tma_load, tma_store, warpgroup_mma
 
 __all__ = ["chunk_prep", "unsupported", "describe"]
 
@@ -48,28 +49,35 @@ HEAD_DIMS = (64, 128, 256)
 
 
 if GLUON_MISSING is None:
+    # the block inverses' exchange between warps, [b, i, k] (``_block_inverses``)
+    EXCHANGE = gl.constexpr(gl.BlockedLayout([1, 1, 2], [1, 16, 2], [4, 1, 1], [2, 1, 0]))
+    PAIRS = gl.constexpr(gl.BlockedLayout([1, 1, 1, 2], [1, 16, 2, 1], [2, 1, 2, 1], [3, 2, 1, 0]))
+
     @gluon.jit
     def _half(x, operand: gl.constexpr):
         """x rounded to fp16 as mma_v2's operand in the layout ``operand``."""
         return gl.convert_layout(x.to(gl.float16), operand)
 
     @gluon.jit
-    def _block_inverses(A, BT: gl.constexpr, mma: gl.constexpr):
-        """D = blockdiag(Y_b), Y_b = (I + N_b)^-1, N_b the strictly lower part of the fp32 tile A's four diagonal
-        16 x 16 blocks (in and out in the layout mma; A_b on and above its diagonal is never read: ``_gated_kkt``
-        may leave anything there), by doubling the inverted blocks along the diagonal: with Y the inverses of the
-        s x s blocks and L the part of N_b below them within the 2s x 2s blocks, those of the 2s x 2s blocks are
-        Y - Y L Y, for s = 2, 4, 8 (from s = 1, where Y = I - L), in six mma_v2 products (operands fp16).
-        Warp b holds rows 16 b to 16 b + 15 of mma, so block b stays in its registers throughout: no shared
-        memory and no barrier, where forward substitution read a column of A_b from shared memory at each of its
-        15 steps. The Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8), as many products but half as deep, lost
-        accuracy to cancellation: 1.5e-3 of D's norm with fp16 operands on keys of one sign, where this form is
-        within 3x of D's own rounding to fp16 (BENCHMARKS.md, thirty-ninth session)."""
+    def _block_inverses(A, x_s, BT: gl.constexpr, mma: gl.constexpr, PAIRED: gl.constexpr):
+        """D = blockdiag(Y_0, .., Y_3), the inverses of I + A's four diagonal 16 x 16 blocks, or where PAIRED
+        blockdiag(Y_01, Y_23), those of its two 32 x 32 blocks (strictly lower parts; A in and D out in the layout
+        mma; A on and above its diagonal is never read: ``_gated_kkt`` may leave anything there), by doubling
+        inverted blocks along the diagonal.
+
+        In the layout mma warp b holds rows 16 b to 16 b + 15, so its 16 x 16 diagonal block N_b stays in its
+        registers: with Y the inverses of the s x s blocks and L the part of N_b below them within the 2s x 2s
+        blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
+        products (operands fp16). PAIRED: then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the
+        block below the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}), two products more. Forward substitution
+        through shared memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I +
+        N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
         A3 = gl.reshape(A, [BT, BT // 16, 16])  # the blocks picked out of each thread's registers: mma's column
         L3A: gl.constexpr = A3.type.layout  # blocks are register bits
         bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
         ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
         keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
+        left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
         N = gl.convert_layout(gl.reshape(gl.sum(gl.where(keep, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
@@ -82,8 +90,21 @@ if GLUON_MISSING is None:
             below = (i >> (level + 1) == k >> (level + 1)) & (i >> level > k >> level)  # s = 2^level
             YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
-        Yb = gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A))
-        return gl.convert_layout(gl.reshape(gl.where(keep, gl.expand_dims(Yb, 1), 0.0), [BT, BT]), mma)
+        Yd = gl.expand_dims(gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
+        if not PAIRED:
+            return gl.convert_layout(gl.reshape(gl.where(keep, Yd, 0.0), [BT, BT]), mma)
+        x_s.store(Y.to(gl.float16))
+        A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
+        cta_barrier()  # Y_{b-1} was stored by warp b - 1
+        pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)), PAIRS)
+        even, _ = gl.split(pairs)  # Y_0, Y_2
+        Y_prev = gl.reshape(gl.permute(gl.join(even, even), (0, 3, 1, 2)), [BT // 16, 16, 16])  # Y_0, Y_0, Y_2, Y_2
+        AY = mma_v2(_half(A_left, a_op), gl.convert_layout(Y_prev, b_op), zero)  # even b: not used
+        X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
+        Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
+        odd = ((ridx // 16) % 2 == 1)[:, None, None]
+        D = gl.where(keep, Yd, gl.where(left & odd, Xd, 0.0))
+        return gl.convert_layout(gl.reshape(D, [BT, BT]), mma)
 
     @gluon.jit
     def _chunk_cumsum(g_c, BT: gl.constexpr, mma: gl.constexpr):
@@ -112,32 +133,45 @@ if GLUON_MISSING is None:
         return A * gates * beta_r[:, None]
 
     @gluon.jit
-    def _solve(A, d_s, l_s, m_s, BT: gl.constexpr, mma: gl.constexpr):
+    def _solve(A, d_s, l_s, s_s, BT: gl.constexpr, mma: gl.constexpr, PAIRED: gl.constexpr):
         """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
-        is read: L is masked, the block inverses read below it only); Ai is it times diag(beta), which the callers
-        apply (beta's columns need not stay in registers through the solve). With D = blockdiag(Y_b)
-        (``_block_inverses``) and L = A below the diagonal blocks, (I + A)^-1 = (I - M + M^2 -
-        M^3) D with M = D L, in four wgmma products whose operands are rounded to d_s's dtype. d_s, l_s and m_s:
-        [BT, BT] operand tiles for D, L and -M."""
+        is read); Ai is it times diag(beta), which the callers apply (beta's columns need not stay in registers
+        through the solve). d_s, l_s and s_s: [BT, BT] tiles (s_s 16-bit) for D, L and a scratch; wgmma operands
+        are rounded to d_s's dtype.
+
+        PAIRED: with D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``,
+        their exchange through s_s) and L = A's block below them, (I + A)^-1 = D - (D L) D, in two wgmma products.
+        Else with D = blockdiag(Y_b) of the 16 x 16 blocks and L = A below them, (I + A)^-1 = (I - M + M^2 - M^3) D
+        with M = D L, in four, -M in s_s. The prep kernel takes the first, 1.01-1.03x (two products fewer on its
+        chain); the warp-specialized kernel the second, where the first's exchange cost as much as it saved
+        (0.98-1.02x; BENCHMARKS.md, thirty-ninth session)."""
         dt: gl.constexpr = d_s.dtype
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-        blk_r = r // 16
-        blk_c = c // 16
-        l_s.store(gl.where(blk_r[:, None] > blk_c[None, :], A, 0.0).to(dt))
-        d_s.store(_block_inverses(A, BT, mma).to(dt))
-        fence_async_shared()
-        diag = r[:, None] == c[None, :]
-        zero = gl.zeros([BT, BT], gl.float32, mma)
-        M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
-        m_s.store((-M).to(dt))
-        fence_async_shared()
-        P = gl.where(diag, 1.0 - M, -M)
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        for _ in gl.static_range(BT // 16 - 2):  # P = I - P M; P M's diagonal is 0 (M is strictly block-lower)
-            P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), m_s, zero, use_acc=False)
-            P = gl.where(diag, P + 1.0, P)
-        return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False)
+        zero = gl.zeros([BT, BT], gl.float32, mma)
+        exchange: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+        x_s = reinterpret(s_s, gl.float16, [BT // 16, 16, 16], exchange)
+        if PAIRED:
+            l_s.store(gl.where((r >= BT // 2)[:, None] & (c < BT // 2)[None, :], A, 0.0).to(dt))
+            D = _block_inverses(A, x_s, BT, mma, True)
+            d_s.store(D.to(dt))
+            fence_async_shared()
+            DL = warpgroup_mma(gl.convert_layout(D.to(dt), a_op), l_s, zero, use_acc=False)
+            return warpgroup_mma(gl.convert_layout((-DL).to(dt), a_op), d_s, D)
+        else:
+            l_s.store(gl.where((r // 16)[:, None] > (c // 16)[None, :], A, 0.0).to(dt))
+            d_s.store(_block_inverses(A, x_s, BT, mma, False).to(dt))
+            fence_async_shared()
+            diag = r[:, None] == c[None, :]
+            M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
+            s_s.store((-M).to(dt))
+            fence_async_shared()
+            P = gl.where(diag, 1.0 - M, -M)
+            for _ in gl.static_range(BT // 16 - 2):  # P = I - P M; P M's diagonal is 0 (M is strictly block-lower)
+                P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), s_s, zero, use_acc=False)
+                P = gl.where(diag, P + 1.0, P)
+            return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False)
 
     @gluon.jit
     def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, seq_bounds, chunk_indices,
@@ -174,7 +208,7 @@ if GLUON_MISSING is None:
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
         A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma, True)
-        Ai_t = _solve(A, d_s, l_s, m_s, BT, mma) * beta_c[None, :]
+        Ai_t = _solve(A, d_s, l_s, m_s, BT, mma, True) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))
             fence_async_shared()

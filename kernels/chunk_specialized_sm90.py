@@ -148,7 +148,7 @@ if GLUON_MISSING is None:
         A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, BT, mma, False)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
-        Ai = _solve(A, d_s, ai_dst, p_dst, BT, mma)  # ai_dst: L until Ai, p_dst: -M until the scores
+        Ai = _solve(A, d_s, ai_dst, p_dst, BT, mma, False)  # ai_dst: L until Ai, p_dst: -M until the scores
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         PT = warpgroup_mma(k_cur, q_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
