@@ -155,9 +155,10 @@ if GLUON_MISSING is None:
         if PAIRED:
             l_s.store(gl.where((r >= BT // 2)[:, None] & (c < BT // 2)[None, :], A, 0.0).to(dt))
             D = _block_inverses(A, x_s, BT, mma, True)
-            d_s.store(D.to(dt))
+            D_op = D.to(dt)
+            d_s.store(D_op)
             fence_async_shared()
-            DL = warpgroup_mma(gl.convert_layout(D.to(dt), a_op), l_s, zero, use_acc=False)
+            DL = warpgroup_mma(gl.convert_layout(D_op, a_op), l_s, zero, use_acc=False)
             return warpgroup_mma(gl.convert_layout((-DL).to(dt), a_op), d_s, D)
         else:
             l_s.store(gl.where((r // 16)[:, None] > (c // 16)[None, :], A, 0.0).to(dt))
@@ -189,7 +190,7 @@ if GLUON_MISSING is None:
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
-        m_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
+        s_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # the solve's scratch
         bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(bar.index(0), count=1)
         mbarrier.expect(bar.index(0), k_desc.block_type.nbytes)
@@ -208,7 +209,7 @@ if GLUON_MISSING is None:
         mbarrier.wait(bar.index(0), 0)
         mbarrier.invalidate(bar.index(0))
         A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma, True)
-        Ai_t = _solve(A, d_s, l_s, m_s, BT, mma, True) * beta_c[None, :]
+        Ai_t = _solve(A, d_s, l_s, s_s, BT, mma, True) * beta_c[None, :]
         if n_valid >= BT:
             l_s.store(Ai_t.to(dt))
             fence_async_shared()
