@@ -77,7 +77,6 @@ if GLUON_MISSING is None:
         bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
         ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
         keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
-        left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
         N = gl.convert_layout(gl.reshape(gl.sum(gl.where(keep, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
@@ -94,6 +93,7 @@ if GLUON_MISSING is None:
         if not PAIRED:
             return gl.convert_layout(gl.reshape(gl.where(keep, Yd, 0.0), [BT, BT]), mma)
         x_s.store(Y.to(gl.float16))
+        left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
         A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
         cta_barrier()  # Y_{b-1} was stored by warp b - 1
         pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)), PAIRS)
