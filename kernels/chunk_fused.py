@@ -70,7 +70,6 @@ lives in ``chunk``.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +82,7 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, WalkOrder
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
                     _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
 from . import chunk_prep_sm90, chunk_specialized_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
+from .gluon_hopper import sm_count
 from .tuning import TunedKernel
 from .chunk import describe as _describe
 
@@ -480,14 +480,9 @@ SPECIALIZED_MIN_FILL = 0.75  # measured: 1 (padded) and 0.31; between them, not
 SPECIALIZED_MIN_UNEQUAL_FILL = 0.5  # measured: 0.60 and 0.44; between them, not
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device) -> WalkOrder:
     """The walks of walk=SPECIALIZED dealt to its programs, one per SM at most."""
-    return layout.walk_order(HV, max(min(layout.N * HV, _sm_count(device)), 1))
+    return layout.walk_order(HV, max(min(layout.N * HV, sm_count(device)), 1))
 
 
 # Warm-up segments (``chunk.SegmentLayout`` with ``warm_up``) by default where the sequential walks (N * HV
@@ -527,7 +522,7 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
     of norm 1 or less (SegmentLayout)."""
     if device.type != "cuda":
         return None
-    sms, longest = _sm_count(device), triton.cdiv(layout.max_len, CHUNK)
+    sms, longest = sm_count(device), triton.cdiv(layout.max_len, CHUNK)
     walked = layout.NT * HV * triton.cdiv(V, 64)  # chunks walked by all the programs (BV 64)
     if longest * sms <= walked:
         return None
@@ -550,7 +545,7 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
         return "triton"
     if segments is not None:
         return "sm90_transposed" if segments.warm_up else "triton"
-    walks, sms, chunks = layout.N * HV, _sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
+    walks, sms, chunks = layout.N * HV, sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
     if walks >= SPECIALIZED_MIN_WALKS and chunks > 0 and chunk_specialized_sm90.unsupported(q, V, raw_gate,

@@ -1,5 +1,5 @@
 """``chunk_fused``'s prep kernel for Hopper (sm_90), in Gluon: the same math as ``chunk_fused._chunk_prep_fn``
-with pre-computed gates, one program per (chunk, value head):
+with pre-computed gates, for each (chunk, value head):
 
     gc = cumsum(g), A = strictLower(diag(beta)(Gamma o K K^T)), Ai = (I + A)^-1 diag(beta)
 
@@ -13,7 +13,13 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
     layout, by doubling with mma_v2 (``_block_inverses``; Triton substitutes column by column through a global
     scratch, and this kernel did so through shared memory until the thirty-ninth session: 1.03-1.05x on
     qwen3-next B=1);
-  - Ai leaves by TMA.
+  - Ai leaves by TMA;
+  - the programs are persistent, three an SM (two at K = 256), each taking every P-th (chunk, value head) in
+    turn with the next one's key tile on its way by TMA, and its thread-indexed addresses and masks computed
+    once (fortieth session, H100, whole calls: qwen3-next B=1 1.012-1.027x, the kernel alone at T=65536 354 ->
+    325 us in a first form of the loop; parity's rows it serves 1.014-1.018x, but B=8 T=512 0.980x: 512 items make two rounds of
+    three programs an SM where the one-shot kernel's 118 registers ran four). One program for both value heads
+    of a key head, sharing K K^T, was slower (375 us at T=65536: its loop kept 218 registers, two an SM).
 
 Then with D = blockdiag(Y_01, Y_23), the diagonal 32 x 32 blocks' inverses (the 16 x 16 ones joined by two more
 mma_v2 products, after an exchange between warps), and L = A below them, (I + A)^-1 = D - (D L) D in two wgmma
@@ -35,22 +41,27 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
+from .gluon_hopper import GLUON_MISSING, descriptor, sm_count, unsupported_inputs
 
 if GLUON_MISSING is None:
-    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, reinterpret, tma, \
-        tma_load, tma_store, warpgroup_mma
+    from .chunk_walk_sm90 import _fetch
+    from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, tma, \
+        tma_store, warpgroup_mma
 
 __all__ = ["chunk_prep", "unsupported", "describe"]
 
 BT = 64  # tokens per chunk (chunk.CHUNK)
 WARPS = 4  # one warpgroup
 HEAD_DIMS = (64, 128, 256)
+# the persistent grid: programs per SM, as registers (146 a thread: three warpgroups) and shared memory (two key
+# tiles, two 64 x 64 ones and 2 KB: 36, 52 and 84 KB at K = 64, 128 and 256) let them all run at once
+PROGRAMS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 
 if GLUON_MISSING is None:
     # the block inverses' exchange between warps, [b, i, k] (``_block_inverses``)
     EXCHANGE = gl.constexpr(gl.BlockedLayout([1, 1, 2], [1, 16, 2], [4, 1, 1], [2, 1, 0]))
+    EXCHANGE_SHARED = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
     PAIRS = gl.constexpr(gl.BlockedLayout([1, 1, 1, 2], [1, 16, 2, 1], [2, 1, 2, 1], [3, 2, 1, 0]))
 
     @gluon.jit
@@ -90,20 +101,23 @@ if GLUON_MISSING is None:
             YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
         Yd = gl.expand_dims(gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
-        if not PAIRED:
-            return gl.convert_layout(gl.reshape(gl.where(keep, Yd, 0.0), [BT, BT]), mma)
-        x_s.store(Y.to(gl.float16))
-        left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
-        A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
-        cta_barrier()  # Y_{b-1} was stored by warp b - 1
-        pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)), PAIRS)
-        even, _ = gl.split(pairs)  # Y_0, Y_2
-        Y_prev = gl.reshape(gl.permute(gl.join(even, even), (0, 3, 1, 2)), [BT // 16, 16, 16])  # Y_0, Y_0, Y_2, Y_2
-        AY = mma_v2(_half(A_left, a_op), gl.convert_layout(Y_prev, b_op), zero)  # even b: not used
-        X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
-        Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
-        odd = ((ridx // 16) % 2 == 1)[:, None, None]
-        D = gl.where(keep, Yd, gl.where(left & odd, Xd, 0.0))
+        if PAIRED:
+            x_s.store(Y.to(gl.float16))
+            left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
+            A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
+            cta_barrier()  # Y_{b-1} was stored by warp b - 1
+            pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)),
+                                      PAIRS)
+            even, _ = gl.split(pairs)  # Y_0, Y_2
+            # Y_0, Y_0, Y_2, Y_2
+            Y_prev = gl.reshape(gl.permute(gl.join(even, even), (0, 3, 1, 2)), [BT // 16, 16, 16])
+            AY = mma_v2(_half(A_left, a_op), gl.convert_layout(Y_prev, b_op), zero)  # even b: not used
+            X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
+            Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
+            odd = ((ridx // 16) % 2 == 1)[:, None, None]
+            D = gl.where(keep, Yd, gl.where(left & odd, Xd, 0.0))
+        else:
+            D = gl.where(keep, Yd, 0.0)
         return gl.convert_layout(gl.reshape(D, [BT, BT]), mma)
 
     @gluon.jit
@@ -116,28 +130,33 @@ if GLUON_MISSING is None:
         return gc_r, gl.convert_layout(gc_r, gl.SliceLayout(0, mma))
 
     @gluon.jit
-    def _gated_kkt(k_s, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr, MASKED: gl.constexpr):
-        """A = diag(beta)(Gamma o K K^T) of the key tile k_s (fp32) below the diagonal; on and above it 0 where
-        MASKED, else values that ``_solve`` never reads (the gates there may overflow). The callers' beta is 0 past
-        the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row, finite
-        where it is. Unmasked, chunk_specialized_sm90 is 1.01-1.03x faster (ptxas had kept r > c through the solve,
-        for the scores, as a bitmask of predicates rebuilt every chunk) and this module's kernel 1.6-3.3% slower
+    def _kkt(k_s, BT: gl.constexpr, mma: gl.constexpr):
+        """K K^T of the key tile k_s (fp32, in the layout mma)."""
+        return warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
+
+    @gluon.jit
+    def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr, MASKED: gl.constexpr):
+        """A = diag(beta)(Gamma o K K^T) from KK = K K^T below the diagonal; on and above it 0 where MASKED, else
+        values that ``_solve`` never reads (the gates there may overflow). The callers' beta is 0 past the
+        sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row, finite where
+        it is. Unmasked, chunk_specialized_sm90 is 1.01-1.03x faster (ptxas had kept r > c through the solve, for
+        the scores, as a bitmask of predicates rebuilt every chunk) and this module's kernel 1.6-3.3% slower
         (BENCHMARKS.md, thirty-eighth session)."""
-        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))  # before the product, as ever: the prep kernel's SASS
-        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))  # changes (56 instructions fewer, untimed) if after it
-        A = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
         if MASKED:
+            r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
             gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
         else:
             gates = exp(gc_r[:, None] - gc_c[None, :])
-        return A * gates * beta_r[:, None]
+        return KK * gates * beta_r[:, None]
 
     @gluon.jit
     def _solve(A, d_s, l_s, s_s, BT: gl.constexpr, mma: gl.constexpr, PAIRED: gl.constexpr):
         """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
         is read); Ai is it times diag(beta), which the callers apply (beta's columns need not stay in registers
-        through the solve). d_s, l_s and s_s: [BT, BT] tiles (s_s 16-bit) for D, L and a scratch; wgmma operands
-        are rounded to d_s's dtype.
+        through the solve). d_s and l_s: [BT, BT] tiles for D and L; s_s: a scratch, where PAIRED the exchange
+        buffer (fp16 [BT // 16, 16, 16], EXCHANGE_SHARED), else a [BT, BT] tile; wgmma operands are rounded to
+        d_s's dtype.
 
         PAIRED: with D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``,
         their exchange through s_s) and L = A's block below them, (I + A)^-1 = D - (D L) D, in two wgmma products.
@@ -150,11 +169,9 @@ if GLUON_MISSING is None:
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         zero = gl.zeros([BT, BT], gl.float32, mma)
-        exchange: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-        x_s = reinterpret(s_s, gl.float16, [BT // 16, 16, 16], exchange)
         if PAIRED:
             l_s.store(gl.where((r >= BT // 2)[:, None] & (c < BT // 2)[None, :], A, 0.0).to(dt))
-            D = _block_inverses(A, x_s, BT, mma, True)
+            D = _block_inverses(A, s_s, BT, mma, True)
             D_op = D.to(dt)
             d_s.store(D_op)
             fence_async_shared()
@@ -162,7 +179,7 @@ if GLUON_MISSING is None:
             return warpgroup_mma(gl.convert_layout((-DL).to(dt), a_op), d_s, D)
         else:
             l_s.store(gl.where((r // 16)[:, None] > (c // 16)[None, :], A, 0.0).to(dt))
-            d_s.store(_block_inverses(A, x_s, BT, mma, False).to(dt))
+            d_s.store(_block_inverses(A, s_s, BT, mma, False).to(dt))
             fence_async_shared()
             diag = r[:, None] == c[None, :]
             M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
@@ -175,49 +192,66 @@ if GLUON_MISSING is None:
             return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False)
 
     @gluon.jit
-    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, seq_bounds, chunk_indices,
-                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
-        pid = gl.program_id(0)
-        i_c = pid // HV  # value heads fastest, as chunk._chunk_program: GVA heads share the key tile in L2
-        i_h = pid % HV
+    def _chunk_rows(item, chunk_indices, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
+        """The first token of item's chunk (items: (chunk, value head), value heads fastest, as
+        chunk._chunk_program: GVA heads share the key tile in L2) and the chunk's rows in its sequence."""
+        i_c = item // HV
         i_n = gl.load(chunk_indices + 2 * i_c)
-        bos = gl.load(seq_bounds + 2 * i_n).to(gl.int32)
-        tok = bos + gl.load(chunk_indices + 2 * i_c + 1) * BT
-        n_valid = gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32) - tok  # rows of this chunk in its sequence
+        tok = gl.load(seq_bounds + 2 * i_n).to(gl.int32) + gl.load(chunk_indices + 2 * i_c + 1) * BT
+        return tok, gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32) - tok
+
+    @gluon.jit
+    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, seq_bounds, chunk_indices, n_items,
+                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
+        # persistent: the items dealt round the programs, each one's key tile landing while the one before is
+        # solved (then a program's set-up and thread-indexed addresses serve all its items)
+        pid = gl.program_id(0)
+        P = gl.num_programs(0)
         dt: gl.constexpr = k_desc.dtype
 
-        k_s = gl.allocate_shared_memory(dt, [BT, K], k_desc.layout)
+        k_s = gl.allocate_shared_memory(dt, [2, BT, K], k_desc.layout)
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
-        s_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # the solve's scratch
-        bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(bar.index(0), count=1)
-        mbarrier.expect(bar.index(0), k_desc.block_type.nbytes)
-        tma_load(k_desc, [tok, (i_h // (HV // H)) * K], bar.index(0), k_s)
-
-        # the gates while the keys land: gc = cumsum(g) as a masked row sum, 0 past the sequence's end
+        x_s = gl.allocate_shared_memory(gl.float16, [BT // 16, 16, 16], EXCHANGE_SHARED)  # the solve's scratch
+        bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for b in gl.static_range(2):
+            mbarrier.init(bars.index(b), count=1)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-        g_c = gl.load(g + (tok + c) * HV + i_h, mask=c < n_valid, other=0.0).to(gl.float32)
-        beta_r = gl.load(beta + (tok + r) * HV + i_h, mask=r < n_valid, other=0.0).to(gl.float32)
-        beta_c = gl.load(beta + (tok + c) * HV + i_h, mask=c < n_valid, other=0.0).to(gl.float32)
-        gc_r, gc_c = _chunk_cumsum(g_c, BT, mma)
-        gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
+        t = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))  # a chunk's gates, one load each
 
-        mbarrier.wait(bar.index(0), 0)
-        mbarrier.invalidate(bar.index(0))
-        A = _gated_kkt(k_s, gc_r, gc_c, beta_r, BT, mma, True)
-        Ai_t = _solve(A, d_s, l_s, s_s, BT, mma, True) * beta_c[None, :]
-        if n_valid >= BT:
-            l_s.store(Ai_t.to(dt))
-            fence_async_shared()
-            tma_store(ai_desc, [tok, i_h * BT], l_s)
-            tma.store_wait(pendings=0)
-        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
-            gl.store(Ai + (tok + r).to(gl.int64)[:, None] * (HV * BT) + i_h * BT + c[None, :], Ai_t.to(dt),
-                     mask=(r < n_valid)[:, None])
+        n_mine = gl.cdiv(n_items - pid, P)
+        tok, n_valid = _chunk_rows(pid, chunk_indices, seq_bounds, HV, BT)
+        _fetch(k_desc, tok, (pid % HV // (HV // H)) * K, bars.index(0), k_s.index(0), True)
+        for j in range(n_mine):
+            item = pid + j * P
+            i_h = item % HV
+            nxt = gl.minimum(item + P, n_items - 1)
+            tok_nxt, n_valid_nxt = _chunk_rows(nxt, chunk_indices, seq_bounds, HV, BT)
+            # gc = cumsum(g) as a masked row sum, 0 past the sequence's end
+            g_t = gl.load(g + (tok + t) * HV + i_h, mask=t < n_valid, other=0.0).to(gl.float32)
+            beta_t = gl.load(beta + (tok + t) * HV + i_h, mask=t < n_valid, other=0.0).to(gl.float32)
+            mbarrier.wait(bars.index(j % 2), (j // 2) & 1)
+            KK = _kkt(k_s.index(j % 2), BT, mma)
+            tma.store_wait(pendings=0)  # the last Ai has left l_s
+            cta_barrier()  # and every warp's K K^T before this one has read the other key tile
+            _fetch(k_desc, tok_nxt, (nxt % HV // (HV // H)) * K, bars.index((j + 1) % 2), k_s.index((j + 1) % 2),
+                   j + 1 < n_mine)
+            gc_r, gc_c = _chunk_cumsum(gl.convert_layout(g_t, gl.SliceLayout(0, mma)), BT, mma)
+            gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
+            A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma, True)
+            Ai_t = _solve(A, d_s, l_s, x_s, BT, mma, True) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
+            if n_valid >= BT:
+                l_s.store(Ai_t.to(dt))
+                fence_async_shared()
+                tma_store(ai_desc, [tok, i_h * BT], l_s)
+            else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+                gl.store(Ai + (tok + r).to(gl.int64)[:, None] * (HV * BT) + i_h * BT + c[None, :], Ai_t.to(dt),
+                         mask=(r < n_valid)[:, None])
+            tok, n_valid = tok_nxt, n_valid_nxt
+        tma.store_wait(pendings=0)
 
 
 def unsupported(k: Tensor, raw_gate: bool, qk_l2norm: bool) -> str | None:
@@ -241,10 +275,13 @@ def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, seq_b
     them. k [B, T, H, K], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K = k.shape[2], k.shape[3]
     tokens = k.shape[0] * k.shape[1]
-    NT = chunk_indices.shape[0]
+    items = chunk_indices.shape[0] * HV
+    if items == 0:
+        return
     descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
-    _chunk_prep_kernel[(NT * HV,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, H=H, HV=HV, K=K, BT=BT,
-                                   num_warps=WARPS)
+    programs = min(items, sm_count(k.device) * PROGRAMS_PER_SM[K])
+    _chunk_prep_kernel[(programs,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, items, H=H, HV=HV, K=K, BT=BT,
+                                    num_warps=WARPS)
 
 
 def describe() -> str:

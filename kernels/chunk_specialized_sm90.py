@@ -56,7 +56,7 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import _gated_kkt, _solve
+    from .chunk_prep_sm90 import _gated_kkt, _kkt, _solve
     from .chunk_walk_transposed_sm90 import _scores_store, _state_offsets
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
@@ -145,7 +145,7 @@ if GLUON_MISSING is None:
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         beta_r = beta_g.load(gl.SliceLayout(1, mma))
         gc_dst.store(gc_c)
-        A = _gated_kkt(k_cur, gc_r, gc_c, beta_r, BT, mma, False)
+        A = _gated_kkt(_kkt(k_cur, BT, mma), gc_r, gc_c, beta_r, BT, mma, False)
         # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
         # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
         Ai = _solve(A, d_s, ai_dst, p_dst, BT, mma, False)  # ai_dst: L until Ai, p_dst: -M until the scores

@@ -23,7 +23,7 @@ else:
 
 __all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "mma_v2", "tma", "warpgroup_mma",
            "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "reinterpret", "descriptor",
-           "unsupported_inputs"]
+           "sm_count", "unsupported_inputs"]
 
 if GLUON_MISSING is None:
     # renamed after triton 3.6: TMA copies (async_copy_global_to_shared -> async_load, ...)
@@ -50,6 +50,12 @@ if GLUON_MISSING is None:
 @functools.cache
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The GPU's streaming multiprocessors."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def unsupported_inputs(q: Tensor) -> str | None:

@@ -734,7 +734,7 @@ def test_warm_up_segments_by_default_only_where_the_walks_are_few_or_unequal(len
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
     layout = chunk.ChunkLayout.build(1, sum(lengths), cu_seqlens, CPU)
     assert chunk_fused.warm_up_default(layout, HV, V, torch.device(CPU)) is None
-    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
     assert chunk_fused.warm_up_default(layout, HV, V, torch.device("cuda")) == chunks
 
 

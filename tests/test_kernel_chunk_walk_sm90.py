@@ -91,7 +91,7 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
         chunk_fused.chunk_fused_gdn(**kw, walk="sm90_specialized")
     monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw gates" if raw else None)
     monkeypatch.setattr(chunk_fused.chunk_walk_sm90, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(3, 8192, None, "cpu")
     q = torch.empty(3, 8192, 16, 128)
     assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED  # 96 walks
@@ -190,7 +190,7 @@ def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipelin
 
     for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(B, T, None, "cpu")
     q = torch.empty(B, T, 16, 128)
     assert chunk_fused.walk_default(layout, q, 128, HV, False) == walk
@@ -218,7 +218,7 @@ def test_specialized_kernel_only_where_its_programs_stay_busy(lengths, walk, mon
 
     for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     layout = chunk.ChunkLayout.build(1, sum(lengths), cu, "cpu")
     assert chunk_fused.walk_default(layout, torch.empty(1, sum(lengths), 4, 128), 128, 4, False) == walk
@@ -231,7 +231,7 @@ def test_plan_walk_keeps_an_explicit_output_pass_on_the_triton_walk(monkeypatch)
     from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
 
     monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(1, 4096, None, "cpu")
     q = torch.empty(1, 4096, 16, 128)
     assert chunk_fused.plan_walk(layout, q, 128, 32, False) == ("sm90", True)
