@@ -17,9 +17,10 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
   - the programs are persistent, three an SM (two at K = 256), each taking every P-th (chunk, value head) in
     turn with the next one's key tile on its way by TMA, and its thread-indexed addresses and masks computed
     once (fortieth session, H100, whole calls: qwen3-next B=1 1.012-1.027x, the kernel alone at T=65536 354 ->
-    325 us in a first form of the loop; parity's rows it serves 1.014-1.018x, but B=8 T=512 0.980x: 512 items make two rounds of
-    three programs an SM where the one-shot kernel's 118 registers ran four). One program for both value heads
-    of a key head, sharing K K^T, was slower (375 us at T=65536: its loop kept 218 registers, two an SM).
+    325 us in a first form of the loop; parity's rows it serves 1.014-1.018x, but B=8 T=512 0.980x: its 512
+    items make two rounds of three programs an SM where the one-shot kernel's 118 registers ran four). One
+    program for both value heads of a key head, sharing K K^T, was slower (375 us at T=65536: its loop kept
+    218 registers, two programs an SM).
 
 Then with D = blockdiag(Y_01, Y_23), the diagonal 32 x 32 blocks' inverses (the 16 x 16 ones joined by two more
 mma_v2 products, after an exchange between warps), and L = A below them, (I + A)^-1 = D - (D L) D in two wgmma
