@@ -276,9 +276,7 @@ def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, seq_b
     them. k [B, T, H, K], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K = k.shape[2], k.shape[3]
     tokens = k.shape[0] * k.shape[1]
-    items = chunk_indices.shape[0] * HV
-    if items == 0:
-        return
+    items = chunk_indices.shape[0] * HV  # at least one: chunk_fused._prep skips layouts without chunks
     descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
     programs = min(items, sm_count(k.device) * PROGRAMS_PER_SM[K])
     _chunk_prep_kernel[(programs,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, items, H=H, HV=HV, K=K, BT=BT,
