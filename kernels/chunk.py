@@ -741,17 +741,17 @@ class ChunkLayout:
 
 @dataclass(frozen=True)
 class WalkOrder:
-    """Walks dealt to persistent programs that each take theirs in turn: program p walks rows offsets[p] to
-    offsets[p + 1] - 1 of ``walks``, program_chunks[p] chunks in all. A row holds its walk's bounds, so that a
-    program reads them in one round trip at the walk's start (a walk index, then its sequence's bounds, took two,
-    which cost 3-4% on walks of one to four chunks, H200), and a loop over a program's chunks reads nothing per
-    walk."""
+    """Walks dealt to persistent programs that each take theirs in turn: program p walks counts[p] walks, its
+    i-th in row i * programs + p of ``walks``, program_chunks[p] chunks in all. A row holds its walk's bounds, so
+    that a program reads them in one round trip at the walk's start (a walk index, then its sequence's bounds, took
+    two, which cost 3-4% on walks of one to four chunks, H200), and a loop over a program's chunks reads nothing per
+    walk. Rows go round the programs so that a program finds its first walk's without reading its count first."""
 
     programs: int
     makespan: int  # chunks of the most loaded program
     chunks: int  # over all walks
-    offsets: Tensor  # [programs + 1] int32
-    walks: Tensor  # [walks, 3] int32: the walk's index, its first token, its end
+    counts: Tensor  # [programs] int32: walks a program
+    walks: Tensor  # [rounds * programs, 3] int32: the walk's index, its first token, its end (-1, 0, 0: none)
     program_chunks: Tensor  # [programs] int32
 
     @classmethod
@@ -769,14 +769,13 @@ class WalkOrder:
             load, p = heapq.heappop(loads)
             dealt[p].append(walk)
             heapq.heappush(loads, (load + chunks[walk], p))
-        offsets, program_chunks = [0], [0] * programs
-        for mine in dealt:
-            offsets.append(offsets[-1] + len(mine))
+        program_chunks = [0] * programs
         for load, p in loads:
             program_chunks[p] = load
-        rows = [(w, *spans[w]) for mine in dealt for w in mine]
+        rounds = max(len(mine) for mine in dealt)
+        rows = [(mine[i], *spans[mine[i]]) if i < len(mine) else (-1, 0, 0) for i in range(rounds) for mine in dealt]
         return cls(programs=programs, makespan=max(program_chunks), chunks=sum(chunks),
-                   offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
+                   counts=torch.tensor([len(mine) for mine in dealt], dtype=torch.int32, device=device),
                    walks=torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 3),
                    program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device))
 

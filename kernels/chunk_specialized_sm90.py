@@ -80,15 +80,14 @@ MAX_REGS = (2 * WALK_REGS + PREP_REGS + LOAD_REGS) // 4  # at launch; setmaxnreg
 if GLUON_MISSING is None:
     @gluon.jit
     def _my_walks(order):
-        """The range of this program's rows in order[1] (``chunk.WalkOrder``)."""
-        offsets = order[0]
-        return gl.load(offsets + gl.program_id(0)), gl.load(offsets + gl.program_id(0) + 1)
+        """How many walks this program takes (``chunk.WalkOrder``)."""
+        return gl.load(order[0] + gl.program_id(0))
 
     @gluon.jit
     def _walk_bounds(order, i, HV: gl.constexpr, BT: gl.constexpr):
-        """(walk, value head, first token, end, chunks) of row i of order: walk n * HV + h is sequence n's value
-        head h."""
-        row = order[1] + 3 * i
+        """(walk, value head, first token, end, chunks) of this program's i-th walk in order: walk n * HV + h is
+        sequence n's value head h."""
+        row = order[1] + 3 * (i * gl.num_programs(0) + gl.program_id(0))
         walk = gl.load(row)
         bos = gl.load(row + 1)
         eos = gl.load(row + 2)
@@ -109,33 +108,44 @@ if GLUON_MISSING is None:
         k_s, q_s, v_s, kq_ready, kq_free = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
-        L: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        i = gl.arange(0, BT, layout=L)
-        it = 0
-        first, last = _my_walks(order)
-        for w in range(first, last):
-            i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)[1:]
-            col_k = (i_h // (HV // H)) * K
-            for t in range(NT):
-                tok = bos + t * BT
-                s = it % NA
-                mbarrier.wait(kq_free.index(s), ((it // NA) & 1) ^ 1)
-                mbarrier.expect(kq_ready.index(s), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-                tma_load(k_desc, [tok, col_k], kq_ready.index(s), k_s.index(s))
-                tma_load(q_desc, [tok, col_k], kq_ready.index(s), q_s.index(s))
-                for half in gl.static_range(2):
-                    tma_load(v_desc, [tok, i_h * 2 * BV + half * BV], kq_ready.index(s), v_s.index(2 * s + half))
-                live = i < eos - tok
-                g_t = gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
-                b_t = gl.load(beta + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
-                gc = gl.associative_scan(g_t, 0, _add)
-                gs = it % NG
-                mbarrier.wait(g_free.index(gs), ((it // NG) & 1) ^ 1)
-                gate_s.index(2 * gs).store(gc)
-                gate_s.index(2 * gs + 1).store(b_t)
-                cta_barrier()  # every thread's stores are done before the one arrival
-                mbarrier.arrive(g_ready.index(gs), count=1)
-                it += 1
+        # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
+        # a round trip sooner at the launch
+        it = _load_walk(args, 0, gl.to_tensor(0), H, HV, K, BT, BV, NA, NG)
+        for w in range(1, _my_walks(order)):
+            it = _load_walk(args, w, it, H, HV, K, BT, BV, NA, NG)
+
+    @gluon.jit
+    def _load_walk(args, w, it, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
+                   BV: gl.constexpr, NA: gl.constexpr, NG: gl.constexpr):
+        """The loader's part of this program's walk w, from its chunk ``it`` on; returns the chunk after its last."""
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        k_s, q_s, v_s, kq_ready, kq_free = ring
+        q_desc, k_desc, v_desc, _ = descs
+        gate_s, g_ready, g_free = gates
+        i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)[1:]
+        col_k = (i_h // (HV // H)) * K
+        for t in range(NT):
+            tok = bos + t * BT
+            s = it % NA
+            mbarrier.wait(kq_free.index(s), ((it // NA) & 1) ^ 1)
+            mbarrier.expect(kq_ready.index(s), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
+            tma_load(k_desc, [tok, col_k], kq_ready.index(s), k_s.index(s))
+            tma_load(q_desc, [tok, col_k], kq_ready.index(s), q_s.index(s))
+            for half in gl.static_range(2):
+                tma_load(v_desc, [tok, i_h * 2 * BV + half * BV], kq_ready.index(s), v_s.index(2 * s + half))
+            live = i < eos - tok
+            g_t = gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
+            b_t = gl.load(beta + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
+            gc = gl.associative_scan(g_t, 0, _add)
+            gs = it % NG
+            mbarrier.wait(g_free.index(gs), ((it // NG) & 1) ^ 1)
+            gate_s.index(2 * gs).store(gc)
+            gate_s.index(2 * gs + 1).store(b_t)
+            cta_barrier()  # every thread's stores are done before the one arrival
+            mbarrier.arrive(g_ready.index(gs), count=1)
+            it += 1
+        return it
 
     @gluon.jit
     def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
@@ -217,11 +227,11 @@ if GLUON_MISSING is None:
         S = warpgroup_mma(vnd_a, k_cur, S * exp(gc_last), is_async=True)
         O = warpgroup_mma(vn_a, p_s.index(cs), QS * exp(gc_c)[None, :], is_async=True)
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
+        O = O * scale
         fence_async_shared()  # this walker's reads of the stages are done before TMA refills them
         cta_barrier()
         mbarrier.arrive(kq_free.index(s), count=1)
         mbarrier.arrive(c_free.index(cs), count=1)
-        O = O * scale
         if tok + BT <= eos:
             o_layout: gl.constexpr = o_desc.layout
             o_t = reinterpret(s_s, dt, [2, BT, BV], o_layout).index(0)  # the first half of s_s
@@ -243,8 +253,7 @@ if GLUON_MISSING is None:
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
-        first, last = _my_walks(order)
-        for w in range(first, last):
+        for w in range(_my_walks(order)):
             walk, i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)
             if USE_H0:
                 S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
@@ -272,7 +281,7 @@ if GLUON_MISSING is None:
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
 
     @gluon.jit
-    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_offsets, order_walks,
+    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
                             order_chunks,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
@@ -307,7 +316,7 @@ if GLUON_MISSING is None:
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=1)
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
-                (order_offsets, order_walks, order_chunks), (gate_s, g_ready, g_free))
+                (order_counts, order_walks, order_chunks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
                             (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
@@ -332,7 +341,7 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
-        *descs, out, g, beta, h0, ht, scale, order.offsets, order.walks, order.program_chunks, H=H, HV=HV, K=K, V=V,
+        *descs, out, g, beta, h0, ht, scale, order.counts, order.walks, order.program_chunks, H=H, HV=HV, K=K, V=V,
         BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS,
         PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
 

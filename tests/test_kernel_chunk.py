@@ -529,24 +529,29 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     program, as they do in order; kept for the next call."""
     from gdnbench_kernels.chunk import ChunkLayout, WalkOrder
 
+    def mine(order: WalkOrder, p: int) -> list[int]:  # program p's walks, in its order
+        return order.walks[:, 0].tolist()[p::order.programs][:order.counts[p]]
+
     def loads(order: WalkOrder, chunks: list[int]) -> list[int]:
-        o, w = order.offsets.tolist(), order.walks[:, 0].tolist()
-        return [sum(chunks[x] for x in w[o[p]:o[p + 1]]) for p in range(order.programs)]
+        return [sum(chunks[x] for x in mine(order, p)) for p in range(order.programs)]
 
     padded = ChunkLayout.build(5, 130, None, CPU)  # 10 walks of 3 chunks on 4 programs
     order = padded.walk_order(2, 4)
-    assert order.offsets.tolist() == [0, 3, 6, 8, 10] and order.walks[:, 0].tolist() == [0, 4, 8, 1, 5, 9, 2, 6, 3, 7]
-    assert order.walks[1].tolist() == [4, 260, 390] and order.program_chunks.tolist() == [9, 9, 6, 6]
+    # rows go round the programs: program p's i-th walk in row 4 i + p, rows past a program's count unused
+    assert order.counts.tolist() == [3, 3, 2, 2]
+    assert [mine(order, p) for p in range(4)] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert order.walks[4].tolist() == [4, 260, 390] and order.walks[10:].tolist() == [[-1, 0, 0]] * 2
+    assert order.program_chunks.tolist() == [9, 9, 6, 6]
     assert (order.makespan, order.chunks) == (9, 30) and order.fill(4) == pytest.approx(30 / 36)
     assert padded.walk_order(2, 4) is order and padded.walk_order(2, 3) is not order
     lengths = [448, 64, 64, 448, 384, 128, 0, 320]  # chunks 7 1 1 7 6 2 0 5
     lay = ChunkLayout.build(1, sum(lengths), torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()]), CPU)
     chunks = [-(-n // 64) for n in lengths]
     order = lay.walk_order(1, 3)
-    assert sorted(order.walks[:, 0].tolist()) == list(range(8))
+    assert sorted(w for p in range(3) for w in mine(order, p)) == list(range(8))
     assert loads(order, chunks) == order.program_chunks.tolist() == [9, 9, 11]  # in order: 7 + 7 + 0, 1 + 6 + 5, 1 + 2
     bounds = lay.seq_bounds.tolist()
-    assert all([s, e] == bounds[w] for w, s, e in order.walks.tolist())
+    assert all([s, e] == bounds[w] for w, s, e in order.walks.tolist() if w >= 0)
     assert order.makespan == 11 and order.fill(3) == pytest.approx(29 / 33)
     with pytest.raises(ValueError, match="at least one program"):
         lay.walk_order(1, 0)
