@@ -136,19 +136,15 @@ if GLUON_MISSING is None:
         return warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
 
     @gluon.jit
-    def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr, MASKED: gl.constexpr):
-        """A = diag(beta)(Gamma o K K^T) from KK = K K^T below the diagonal; on and above it 0 where MASKED, else
-        values that ``_solve`` never reads (the gates there may overflow). The callers' beta is 0 past the
-        sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row, finite where
-        it is. Unmasked, chunk_specialized_sm90 is 1.01-1.03x faster (ptxas had kept r > c through the solve, for
-        the scores, as a bitmask of predicates rebuilt every chunk) and this module's kernel 1.6-3.3% slower
-        (BENCHMARKS.md, thirty-eighth session)."""
-        if MASKED:
-            r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
-            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-            gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
-        else:
-            gates = exp(gc_r[:, None] - gc_c[None, :])
+    def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
+        """A = diag(beta)(Gamma o K K^T) from KK = K K^T below the diagonal, 0 on and above it. The callers' beta
+        is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row,
+        finite where it is. Unmasked (the gates above the diagonal, which ``_solve`` never reads, left to
+        overflow) this kernel was 1.6-3.3% slower (BENCHMARKS.md, thirty-eighth session); chunk_specialized_sm90
+        computes them unmasked, shared with its scores'."""
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
         return KK * gates * beta_r[:, None]
 
     @gluon.jit
@@ -242,7 +238,7 @@ if GLUON_MISSING is None:
                    j + 1 < n_mine)
             gc_r, gc_c = _chunk_cumsum(gl.convert_layout(g_t, gl.SliceLayout(0, mma)), BT, mma)
             gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
-            A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma, True)
+            A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma)
             Ai_t = _solve(A, d_s, l_s, x_s, BT, mma, True) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
             if n_valid >= BT:
                 l_s.store(Ai_t.to(dt))

@@ -9,14 +9,14 @@ Here one program per SM takes (sequence, value head) pairs in turn, dealt on the
   - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
     chunks ahead as the stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
-    inverses in each warp's registers) and the gated scores P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j,
-    into shared memory, one chunk ahead of the walkers;
+    inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
+    (whose gates are A's), into shared memory, one chunk ahead of the walkers;
   - two walker warpgroups (value columns 0-63 and 64-127) each keep S^T [64, K] in registers and run
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (219 KB, one program per SM): k, q and v in three stages, the gates in four, Ai, P^T and gc in two
-(the Ai stage holds L during the solve); each walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half
+Shared memory (227 KB, one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two
+(the Ai stage holds L during the solve), the solve's D and -M; each walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half
 then takes the output on its way out by TMA. Registers: setmaxnreg gives the walkers 176 each, the prep 136 and
 the loader 24.
 
@@ -40,7 +40,8 @@ instead of in order, 1.09-1.28x on unequal ones whose longest met on one program
 K K^T's gates unmasked (``_gated_kkt``), 1.01-1.03x. Thirty-ninth session: the block inverses by doubling in
 registers (``chunk_prep_sm90._block_inverses``), 1.01-1.05x (B=4 T=8192: 1.02x). Forty-first session: the walkers
 no longer mask the tokens past a sequence's end (beta is 0 there, so v_new comes out 0 for them), a fifth fewer
-instructions in their loops: 1.03x at B=4 T=8192 and on parity's 256+ walks.
+instructions in their loops: 1.03x at B=4 T=8192 and on parity's 256+ walks; the scores made before the solve,
+from A's gates (one exp a chunk where there were two), 1.02-1.04x.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -58,8 +59,8 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import _gated_kkt, _kkt, _solve
-    from .chunk_walk_transposed_sm90 import _scores_store, _state_offsets
+    from .chunk_prep_sm90 import _solve
+    from .chunk_walk_transposed_sm90 import _state_offsets
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
 
@@ -68,9 +69,9 @@ __all__ = ["chunk_specialized", "unsupported", "describe"]
 BT = 64  # tokens per chunk (chunk.CHUNK)
 BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
-NC = 2  # stages of Ai, P^T and gc
+NC = 2  # stages of Ai, P and gc
 WARPS = 4  # per warpgroup: the default one walks columns 0-63
-NG = 4  # stages of the gates (gc and beta)
+NG = 3  # stages of the gates (gc and beta); a fourth leaves no room for the prep's -M tile
 WALK_REGS = 176  # of 512 for the four (128 each at launch); at 168 ptxas serializes the wgmmas
 PREP_REGS = 136
 LOAD_REGS = 24
@@ -149,22 +150,29 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
-        """gc, Ai and P^T of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and
-        beta_g its gates."""
+        """gc, Ai and P of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g
+        its gates; d_s: two tiles for the solve (D, -M).
+
+        P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
+        are A's, exp(gc_r - gc_c) over the whole tile (above the diagonal they may overflow, where the solve never
+        reads A and P is 0), so one exp serves both (BENCHMARKS.md, forty-first session)."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gc_r = gc_g.load(gl.SliceLayout(1, mma))
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         beta_r = beta_g.load(gl.SliceLayout(1, mma))
         gc_dst.store(gc_c)
-        A = _gated_kkt(_kkt(k_cur, BT, mma), gc_r, gc_c, beta_r, BT, mma, False)
-        # beta and gc along the columns (16 registers each) are read again after the solve rather than kept
-        # through it: at 136 registers that spilled (1.04-1.07x, BENCHMARKS.md, thirty-fifth session)
-        Ai = _solve(A, d_s, ai_dst, p_dst, BT, mma, False)  # ai_dst: L until Ai, p_dst: -M until the scores
+        zero = gl.zeros([BT, BT], gl.float32, mma)
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
+        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+        # Q K^T, then K K^T, each waited for: with both in flight beside the gates the prep spilled 15 registers
+        QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), zero, use_acc=False)
+        gates = exp(gc_r[:, None] - gc_c[None, :])
+        p_dst.store(gl.where(r[:, None] >= c[None, :], QK * gates, 0.0).to(dt))
+        A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]
+        Ai = _solve(A, d_s.index(0), ai_dst, d_s.index(1), BT, mma, False)  # ai_dst: L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
-        gc_c = gc_g.load(gl.SliceLayout(0, mma))
-        PT = warpgroup_mma(k_cur, q_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        _scores_store(PT, (gc_c, gc_r, None), p_dst, BT, mma)
+        fence_async_shared()
         cta_barrier()  # every thread's stores are done before the one arrival
 
     @gluon.jit
@@ -225,7 +233,7 @@ if GLUON_MISSING is None:
         vn_a = gl.convert_layout(VN.to(dt), a_op)
         vnd_a = gl.convert_layout((VN * exp(gc_last - gc_c)[None, :]).to(dt), a_op)
         S = warpgroup_mma(vnd_a, k_cur, S * exp(gc_last), is_async=True)
-        O = warpgroup_mma(vn_a, p_s.index(cs), QS * exp(gc_c)[None, :], is_async=True)
+        O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * exp(gc_c)[None, :], is_async=True)  # P^T
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
         O = O * scale
         fence_async_shared()  # this walker's reads of the stages are done before TMA refills them
@@ -296,7 +304,7 @@ if GLUON_MISSING is None:
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         s_s = gl.allocate_shared_memory(dt, [2, BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], dt))
-        d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
+        d_s = gl.allocate_shared_memory(dt, [2, BT, BT], tile)  # the prep's D and -M
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
