@@ -16,9 +16,9 @@ Here one program per SM takes (sequence, value head) pairs in turn, dealt on the
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
 Shared memory (227 KB, one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two
-(the Ai stage holds L during the solve), the solve's D and -M; each walker's S^T in bf16, for (K S)^T and (Q S)^T, whose first half
-then takes the output on its way out by TMA. Registers: setmaxnreg gives the walkers 176 each, the prep 136 and
-the loader 24.
+(the Ai stage holds L during the solve), the solve's D and -M; each walker's S^T in bf16, for (K S)^T and (Q S)^T,
+whose first half then takes the output on its way out by TMA. Registers: setmaxnreg gives the walkers 176 each,
+the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
 walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two; 0.86x at
@@ -235,11 +235,11 @@ if GLUON_MISSING is None:
         S = warpgroup_mma(vnd_a, k_cur, S * exp(gc_last), is_async=True)
         O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * exp(gc_c)[None, :], is_async=True)  # P^T
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
-        O = O * scale
         fence_async_shared()  # this walker's reads of the stages are done before TMA refills them
         cta_barrier()
         mbarrier.arrive(kq_free.index(s), count=1)
         mbarrier.arrive(c_free.index(cs), count=1)
+        O = O * scale
         if tok + BT <= eos:
             o_layout: gl.constexpr = o_desc.layout
             o_t = reinterpret(s_s, dt, [2, BT, BV], o_layout).index(0)  # the first half of s_s
