@@ -176,10 +176,11 @@ if GLUON_MISSING is None:
             return warpgroup_mma(gl.convert_layout((-DL).to(dt), a_op), d_s, D)
         else:
             l_s.store(gl.where((r // 16)[:, None] > (c // 16)[None, :], A, 0.0).to(dt))
-            d_s.store(_block_inverses(A, s_s, BT, mma, False).to(dt))
-            fence_async_shared()
+            fence_async_shared()  # L, while the block inverses are made
+            D_op = _block_inverses(A, s_s, BT, mma, False).to(dt)
+            d_s.store(D_op)  # for the last product, fenced with -M
             diag = r[:, None] == c[None, :]
-            M = warpgroup_mma(d_s, l_s, zero, use_acc=False)
+            M = warpgroup_mma(gl.convert_layout(D_op, a_op), l_s, zero, use_acc=False)
             s_s.store((-M).to(dt))
             fence_async_shared()
             P = gl.where(diag, 1.0 - M, -M)
