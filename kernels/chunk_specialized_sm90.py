@@ -16,8 +16,8 @@ Here one program per SM takes (sequence, value head) pairs in turn, dealt on the
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
 Shared memory (227 KB, one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two
-(the Ai stage holds L during the solve), the solve's D and -M; each walker's S^T in bf16, for (K S)^T and (Q S)^T,
-whose first half then takes the output on its way out by TMA. Registers: setmaxnreg gives the walkers 176 each,
+(the Ai stage holds L during the solve), the solve's D and -M; each walker's S^T in bf16, for (K S)^T and (Q S)^T. The
+output leaves by TMA through the walker's half of the chunk's v tile, once read. Registers: setmaxnreg gives the walkers 176 each,
 the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
@@ -41,7 +41,9 @@ K K^T's gates unmasked (``_gated_kkt``), 1.01-1.03x. Thirty-ninth session: the b
 registers (``chunk_prep_sm90._block_inverses``), 1.01-1.05x (B=4 T=8192: 1.02x). Forty-first session: the walkers
 no longer mask the tokens past a sequence's end (beta is 0 there, so v_new comes out 0 for them), a fifth fewer
 instructions in their loops: 1.03x at B=4 T=8192 and on parity's 256+ walks; the scores made before the solve,
-from A's gates (one exp a chunk where there were two), 1.02-1.04x.
+from A's gates (one exp a chunk where there were two), 1.02-1.04x. Forty-second session: the output through the v
+tile instead of S^T's, and the next chunk's S^T stored before it (no longer waiting for its copy), 1.036x at B=4
+T=8192.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -61,7 +63,7 @@ from .gluon_hopper import GLUON_MISSING, descriptor
 if GLUON_MISSING is None:
     from .chunk_prep_sm90 import _solve
     from .chunk_walk_transposed_sm90 import _state_offsets
-    from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, reinterpret, tma, tma_load,
+    from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["chunk_specialized", "unsupported", "describe"]
@@ -197,10 +199,19 @@ if GLUON_MISSING is None:
             mbarrier.arrive(g_free.index(gs), count=1)
 
     @gluon.jit
+    def _store_state(S, s_s):
+        """S^T into s_s for (K S)^T and (Q S)^T: from registers, its 32 more registers kept the two products from
+        pipelining, and ptxas serialized every wgmma of the kernel (1.02-1.14x, BENCHMARKS.md, thirty-sixth
+        session)."""
+        s_s.store(S.to(s_s.dtype))
+        fence_async_shared()
+
+    @gluon.jit
     def _walk_chunk(it, tok, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr, HV: gl.constexpr,
                     V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output. s_s: this walker's
-        [BV, K] tile for S^T and the output. Returns S."""
+        [BV, K] tile for S^T, which holds this chunk's S^T on entry and the next one's on return (``_store_state``, not
+        after a walk's last chunk). Returns S."""
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         dt: gl.constexpr = k_s.dtype
@@ -210,16 +221,14 @@ if GLUON_MISSING is None:
         cs = it % NC
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         zero = gl.zeros([BV, BT], gl.float32, mma)
-        # S^T goes to shared memory for (K S)^T and (Q S)^T: from registers, its 32 more registers kept the two
-        # products from pipelining, and ptxas serialized every wgmma of the kernel (1.02-1.14x, BENCHMARKS.md,
-        # thirty-sixth session); the output leaves through the same buffer
-        tma.store_wait(pendings=0)
-        s_s.store(S.to(dt))
-        fence_async_shared()
-        mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
+        mbarrier.wait(kq_ready.index(s), (it // NA) & 1)  # S^T is in s_s (``_store_state``)
         k_cur = k_s.index(s)
         KS = warpgroup_mma(s_s, k_cur.permute((1, 0)), zero, use_acc=False, is_async=True)
         QS = warpgroup_mma(s_s, q_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if it > 0:  # the last chunk's output has left its v tile (below) while these run: its stage goes back
+            tma.store_wait(pendings=0)
+            cta_barrier()
+            mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
         KS, QS = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS))
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         gc_c = gc_s.index(cs).load(gl.SliceLayout(0, mma))  # past the end: the last token's
@@ -235,14 +244,16 @@ if GLUON_MISSING is None:
         S = warpgroup_mma(vnd_a, k_cur, S * exp(gc_last), is_async=True)
         O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * exp(gc_c)[None, :], is_async=True)  # P^T
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
-        fence_async_shared()  # this walker's reads of the stages are done before TMA refills them
+        if tok + BT < eos:  # the next chunk's S^T, before this one's output leaves
+            _store_state(S, s_s)
+        fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
         cta_barrier()
-        mbarrier.arrive(kq_free.index(s), count=1)
         mbarrier.arrive(c_free.index(cs), count=1)
         O = O * scale
         if tok + BT <= eos:
-            o_layout: gl.constexpr = o_desc.layout
-            o_t = reinterpret(s_s, dt, [2, BT, BV], o_layout).index(0)  # the first half of s_s
+            # the output leaves through this walker's v tile, read into X above, and its stage goes back to the
+            # loader at the next chunk: through s_s, the next chunk's S^T waited for the copy
+            o_t = v_s.index(2 * s + HALF)
             o_t.permute((1, 0)).store(O.to(dt))
             fence_async_shared()
             tma_store(o_desc, [tok, col_v], o_t)
@@ -267,6 +278,7 @@ if GLUON_MISSING is None:
                 S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
             else:
                 S = gl.zeros([BV, K], gl.float32, mma_s)
+            _store_state(S, s_s.index(HALF))
             col_v = i_h * V + HALF * BV
             for t in range(NT):
                 S = _walk_chunk(it, bos + t * BT, eos, S, ring, made, s_s.index(HALF), o_desc, o, col_v, scale, HALF,
