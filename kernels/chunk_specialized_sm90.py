@@ -132,6 +132,10 @@ if GLUON_MISSING is None:
             tok = bos + t * BT
             s = it % NA
             mbarrier.wait(kq_free.index(s), ((it // NA) & 1) ^ 1)
+            # at the start, one chunk's copies in flight at a time: every SM loads at once then, and the first
+            # chunk's bytes, which the prep waits for, shared the bandwidth with the next two chunks'
+            if (it > 0) & (it < NA):
+                mbarrier.wait(kq_ready.index(it - 1), 0)
             mbarrier.expect(kq_ready.index(s), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
             tma_load(k_desc, [tok, col_k], kq_ready.index(s), k_s.index(s))
             tma_load(q_desc, [tok, col_k], kq_ready.index(s), q_s.index(s))
