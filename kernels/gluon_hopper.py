@@ -1,7 +1,7 @@
 """What the Gluon kernels for Hopper (``chunk_walk_sm90``, ``chunk_prep_sm90``, ...) share: Gluon's imports (a
-triton without Gluon leaves GLUON_MISSING set and the Triton kernels run instead), the TMA copies and a shared
-buffer's reinterpretation under the names of any triton from 3.6 on, exp as one instruction, TMA descriptors over
-token-major tensors, and the check every such kernel starts from."""
+triton without Gluon leaves GLUON_MISSING set and the Triton kernels run instead), the TMA copies and the barrier
+under the names of any triton from 3.6 on, exp as one instruction, TMA descriptors over token-major tensors, and the
+check every such kernel starts from."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ else:
     GLUON_MISSING = None
 
 __all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "mma_v2", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "reinterpret", "descriptor",
+           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "descriptor",
            "sm_count", "unsupported_inputs"]
 
 if GLUON_MISSING is None:
@@ -30,15 +30,6 @@ if GLUON_MISSING is None:
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # likewise thread_barrier -> barrier
-    _NEW_REINTERPRET = gl.constexpr(hasattr(gl.shared_memory_descriptor, "reinterpret"))  # _reinterpret in 3.6
-
-    @gluon.jit
-    def reinterpret(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
-        """The shared-memory buffer buf viewed as ``shape`` of ``dtype`` in ``layout`` (the same bytes)."""
-        if _NEW_REINTERPRET:
-            return buf.reinterpret(dtype, shape, layout)
-        else:
-            return buf._reinterpret(dtype, shape, layout)
 
     @gluon.jit
     def exp(x):
