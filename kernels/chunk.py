@@ -100,8 +100,8 @@ from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
 from .tuning import TunedKernel
 
-__all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "ChunkWorkspace", "CHUNK", "INTERPRETED",
-           "describe", "chunk_tier", "state_tier"]
+__all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "WarmUpWalks", "ChunkWorkspace", "CHUNK",
+           "INTERPRETED", "describe", "chunk_tier", "state_tier"]
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
@@ -115,6 +115,13 @@ _PTX_EXP: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)
 # so the state it drops is scaled by at most exp(-20) ~ 2e-9 before it reaches the segment.
 WARM_UP_LOG_DECAY = -20.0
 _WARM_UP_LOG_DECAY: tl.constexpr = tl.constexpr(WARM_UP_LOG_DECAY)
+# a WalkOrder row: walk, first token, first token output, end, flags
+WALK_ROW = 5
+WALK_TAKES_H0 = 1
+WALK_STORES_HT = 2
+_WALK_ROW: tl.constexpr = tl.constexpr(WALK_ROW)
+_WALK_TAKES_H0: tl.constexpr = tl.constexpr(WALK_TAKES_H0)
+_WALK_STORES_HT: tl.constexpr = tl.constexpr(WALK_STORES_HT)
 
 
 # ---- device functions shared by both variants ---------------------------------------------------------
@@ -653,6 +660,40 @@ def _segment_scan_kernel(M, L, h0, seg_init, ht, seg_offsets, HV: tl.constexpr, 
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_s)
 
 
+@triton.jit
+def _warm_up_walks_kernel(dealt, rows, program_chunks, counts, seg_parent, parent_bounds, g, programs,
+                          HV: tl.constexpr, BT: tl.constexpr):
+    """Program p's rows of ``WarmUpWalks``: each segment it was dealt (walk s * HV + h in ``dealt``) as the walk of
+    its sequence n (n * HV + h) from where its warm-up starts, as many whole chunks back as their summed log decay
+    g needs to reach _WARM_UP_LOG_DECAY or the sequence's start (as the state pass's SEGMENT 3 reckons it from gc);
+    and p's chunks in all."""
+    p = tl.program_id(0)
+    t = tl.arange(0, BT)
+    total = 0
+    for i in range(tl.load(counts + p)):
+        row = (i * programs + p) * _WALK_ROW
+        seg_walk = tl.load(dealt + row)
+        first = tl.load(dealt + row + 2)
+        eos = tl.load(dealt + row + 3)
+        i_h = seg_walk % HV
+        i_n = tl.load(seg_parent + seg_walk // HV)
+        seq_bos = tl.load(parent_bounds + 2 * i_n).to(tl.int32)
+        seq_eos = tl.load(parent_bounds + 2 * i_n + 1).to(tl.int32)
+        bos = first
+        log_decay = 0.0
+        while (bos > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):  # the chunks before a segment are whole
+            bos -= BT
+            log_decay += tl.sum(tl.load(g + (bos + t).to(tl.int64) * HV + i_h).to(tl.float32))
+        tl.store(rows + row, i_n * HV + i_h)
+        tl.store(rows + row + 1, bos)
+        tl.store(rows + row + 2, first)
+        tl.store(rows + row + 3, eos)
+        tl.store(rows + row + 4, tl.where(bos == seq_bos, _WALK_TAKES_H0, 0) + tl.where(eos == seq_eos,
+                                                                                      _WALK_STORES_HT, 0))
+        total += tl.cdiv(eos - bos, BT)
+    tl.store(program_chunks + p, total)
+
+
 try:
     from triton.runtime.interpreter import InterpretedFunction as _Interpreted
 
@@ -745,13 +786,17 @@ class WalkOrder:
     i-th in row i * programs + p of ``walks``, program_chunks[p] chunks in all. A row holds its walk's bounds, so
     that a program reads them in one round trip at the walk's start (a walk index, then its sequence's bounds, took
     two, which cost 3-4% on walks of one to four chunks, H200), and a loop over a program's chunks reads nothing per
-    walk. Rows go round the programs so that a program finds its first walk's without reading its count first."""
+    walk. Rows go round the programs so that a program finds its first walk's without reading its count first.
+
+    A row (WALK_ROW int32): the walk's index, its first token, the first token it outputs, its end, and flags
+    (WALK_TAKES_H0: it starts from its sequence's h0; WALK_STORES_HT: it ends with its final state). A whole
+    sequence outputs from its first token and has both flags; a warm-up segment (``WarmUpWalks``) starts earlier."""
 
     programs: int
     makespan: int  # chunks of the most loaded program
     chunks: int  # over all walks
     counts: Tensor  # [programs] int32: walks a program
-    walks: Tensor  # [rounds * programs, 3] int32: the walk's index, its first token, its end (-1, 0, 0: none)
+    walks: Tensor  # [rounds * programs, WALK_ROW] int32 ((-1, 0, 0, 0, 0): none)
     program_chunks: Tensor  # [programs] int32
 
     @classmethod
@@ -773,10 +818,12 @@ class WalkOrder:
         for load, p in loads:
             program_chunks[p] = load
         rounds = max(len(mine) for mine in dealt)
-        rows = [(mine[i], *spans[mine[i]]) if i < len(mine) else (-1, 0, 0) for i in range(rounds) for mine in dealt]
+        whole = WALK_TAKES_H0 | WALK_STORES_HT
+        rows = [(mine[i], spans[mine[i]][0], *spans[mine[i]], whole) if i < len(mine) else (-1, 0, 0, 0, 0)
+                for i in range(rounds) for mine in dealt]
         return cls(programs=programs, makespan=max(program_chunks), chunks=sum(chunks),
                    counts=torch.tensor([len(mine) for mine in dealt], dtype=torch.int32, device=device),
-                   walks=torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, 3),
+                   walks=torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, WALK_ROW),
                    program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device))
 
     def fill(self, slots: int) -> float:
@@ -804,7 +851,9 @@ class SegmentLayout:
     layout: ChunkLayout  # the segments as sequences: same tokens, same global chunk numbering
     seg_offsets: Tensor  # [N + 1] int32: each sequence's first segment
     parent: Tensor  # [segments] int32: each segment's sequence
+    parent_bounds: Tensor  # the sequences' ChunkLayout.seq_bounds
     warm_up: bool = False
+    _walks: dict[tuple[int, int], WarmUpWalks] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, layout: ChunkLayout, chunks: int, warm_up: bool = False) -> SegmentLayout:
@@ -819,7 +868,44 @@ class SegmentLayout:
         return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
                    parent=torch.tensor([n for n in range(layout.N) for _ in range(offsets[n + 1] - offsets[n])],
-                                       dtype=torch.int32, device=device), warm_up=warm_up)
+                                       dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
+                   warm_up=warm_up)
+
+    def walks(self, heads: int, programs: int) -> WarmUpWalks:
+        """These warm-up segments' walks (``WarmUpWalks``) for ``programs`` persistent programs; built on first use
+        and kept."""
+        if not self.warm_up:
+            raise ValueError("walks over segments take their entering states from warm-ups (warm_up=True)")
+        key = heads, programs
+        if key not in self._walks:
+            dealt = self.layout.walk_order(heads, programs)
+            order = WalkOrder(programs=programs, makespan=dealt.makespan, chunks=dealt.chunks, counts=dealt.counts,
+                              walks=dealt.walks.clone(), program_chunks=dealt.program_chunks.clone())
+            self._walks[key] = WarmUpWalks(segments=self, heads=heads, dealt=dealt, order=order)
+        return self._walks[key]
+
+
+@dataclass(frozen=True)
+class WarmUpWalks:
+    """Warm-up segments dealt as walks to persistent programs (``chunk_specialized_sm90``). The segments are dealt
+    on the host as they stand (``dealt``: walk s * heads + h, segment s); where each one's warm-up starts depends on
+    the gates, so ``fill`` writes ``order``'s rows (walk n * heads + h of its sequence n, first token where the
+    warm-up starts, flags: h0 only where it reaches its sequence's start, ht only at its sequence's end) and its
+    programs' chunk counts on the device, in one launch a call. ``order``'s makespan and chunks leave the
+    warm-ups out."""
+
+    segments: SegmentLayout
+    heads: int
+    dealt: WalkOrder
+    order: WalkOrder
+
+    def fill(self, g: Tensor) -> WalkOrder:
+        """``order`` for the log decays g ([tokens, heads] or [B, T, heads], contiguous)."""
+        order = self.order
+        _warm_up_walks_kernel[(order.programs,)](self.dealt.walks, order.walks, order.program_chunks, order.counts,
+                                                 self.segments.parent, self.segments.parent_bounds, g, order.programs,
+                                                 HV=self.heads, BT=CHUNK)
+        return order
 
 
 @dataclass

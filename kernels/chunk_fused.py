@@ -478,11 +478,23 @@ SPECIALIZED_MIN_WALKS = 128
 SPECIALIZED_MIN_ROUND_FILL = 0.9  # measured: 0.97 and 0.73; between them, not
 SPECIALIZED_MIN_FILL = 0.75  # measured: 1 (padded) and 0.31; between them, not
 SPECIALIZED_MIN_UNEQUAL_FILL = 0.5  # measured: 0.60 and 0.44; between them, not
+# Over warm-up segments (chunk.WarmUpWalks: the segments dealt on the host, their warm-ups found on the device) the
+# warp-specialized kernel runs by default where the segments are this long or longer; the transposed walk on
+# shorter ones. H100, forty-third session (revision A/B, the transposed walk over the same segments -> the
+# specialized kernel, us): qwen3-next B=1 T=32768 (segments of 64 chunks) 619.8 -> 534.0, T=65536 (64) 1210.1 ->
+# 1045.2; parity B=4 T=1024 H=HV=4 (4) 27.1 -> 34.3, B=2 T=1500 gate_norm 10 (4, warm-ups back to the sequences'
+# starts) 36.2 -> 58.1.
+SPECIALIZED_MIN_SEGMENT_CHUNKS = 16
 
 
 def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device) -> WalkOrder:
     """The walks of walk=SPECIALIZED dealt to its programs, one per SM at most."""
-    return layout.walk_order(HV, max(min(layout.N * HV, sm_count(device)), 1))
+    return layout.walk_order(HV, _specialized_programs(layout, HV, device))
+
+
+def _specialized_programs(layout: ChunkLayout, HV: int, device: torch.device) -> int:
+    """walk=SPECIALIZED's programs for the walks of ``layout``: one per SM at most."""
+    return max(min(layout.N * HV, sm_count(device)), 1)
 
 
 # Warm-up segments (``chunk.SegmentLayout`` with ``warm_up``) by default where the sequential walks (N * HV
@@ -534,7 +546,8 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
                  segments: SegmentLayout | None = None, raw_gate: bool = False) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
-    "sm90_transposed" (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
+    SPECIALIZED on segments of SPECIALIZED_MIN_SEGMENT_CHUNKS or more with the gates given, else "sm90_transposed"
+    (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
     outnumber the SMs (or, on walks too short for warm-up segments, fill more than half of them)
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
     programs make one wave of two per SM that fills half the SMs or more and the longest walk has
@@ -544,7 +557,11 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     if chunk_walk_sm90.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
-        return "sm90_transposed" if segments.warm_up else "triton"
+        if not segments.warm_up:
+            return "triton"
+        specialized = segments.chunks >= SPECIALIZED_MIN_SEGMENT_CHUNKS and \
+            chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None
+        return SPECIALIZED if specialized else "sm90_transposed"
     walks, sms, chunks = layout.N * HV, sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
@@ -576,7 +593,7 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
             walk = "triton"
     if walk == SPECIALIZED:
         why = chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) or (
-            "it walks whole sequences (no segments)" if segments is not None else
+            "it walks whole sequences or warm-up segments" if segments is not None and not segments.warm_up else
             "it always computes the output in the walk" if fuse_output is False else None)
         if why:
             raise ValueError(f"walk={walk!r} cannot run this call: {why}")
@@ -634,8 +651,8 @@ def chunk_fused_gdn(
     output fused in) group by group, overlapped on their own streams (a workspace allocated with
     ``pipeline=True``); never with segments. walk: "triton", or a Gluon walk for Hopper (the output fused in):
     "sm90" (chunk_walk_sm90, no segments) or "sm90_transposed" (chunk_walk_transposed_sm90, also over warm-up
-    segments); or SPECIALIZED, the prep and the walk in one kernel (chunk_specialized_sm90: no segments, no
-    pipeline, prep None); None: the default (``plan_walk``). prep: "triton", or "sm90"
+    segments); or SPECIALIZED, the prep and the walk in one kernel (chunk_specialized_sm90: also over warm-up
+    segments, no pipeline, prep None); None: the default (``plan_walk``). prep: "triton", or "sm90"
     for the Gluon prep kernel of chunk_prep_sm90 (Hopper; gates given, no in-kernel L2 norm); None: the default
     (``plan_prep``).
     """
@@ -655,9 +672,11 @@ def chunk_fused_gdn(
     if pipeline is not None:
         _pipelined(x, pipeline, fuse, output_final_state, walk, prep)
     elif walk == SPECIALIZED:
+        order = _specialized_order(lay, HV, q.device) if segments is None else segments.walks(
+            HV, _specialized_programs(segments.layout, HV, q.device)).fill(x.g)
         chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
-                                                 x.ws.final_state if output_final_state else None,
-                                                 _specialized_order(lay, HV, q.device), x.scale)
+                                                 x.ws.final_state if output_final_state else None, order, x.scale,
+                                                 warm_up=segments is not None)
     else:
         _prep(x, lay, prep)
         if walk in GLUON_WALKS:

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .chunk import WalkOrder
+from .chunk import WALK_ROW, WALK_STORES_HT, WALK_TAKES_H0, WalkOrder
 from .chunk_prep_sm90 import unsupported as _prep_unsupported
 from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
@@ -81,6 +81,10 @@ MAX_REGS = (2 * WALK_REGS + PREP_REGS + LOAD_REGS) // 4  # at launch; setmaxnreg
 
 
 if GLUON_MISSING is None:
+    _WALK_ROW = gl.constexpr(WALK_ROW)
+    _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
+    _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
+
     @gluon.jit
     def _my_walks(order):
         """How many walks this program takes (``chunk.WalkOrder``)."""
@@ -88,13 +92,15 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walk_bounds(order, i, HV: gl.constexpr, BT: gl.constexpr):
-        """(walk, value head, first token, end, chunks) of this program's i-th walk in order: walk n * HV + h is
-        sequence n's value head h."""
-        row = order[1] + 3 * (i * gl.num_programs(0) + gl.program_id(0))
+        """(walk, value head, first token, first token output, end, chunks, flags) of this program's i-th walk in
+        order (``chunk.WalkOrder``'s row): walk n * HV + h is sequence n's value head h."""
+        row = order[1] + _WALK_ROW * (i * gl.num_programs(0) + gl.program_id(0))
         walk = gl.load(row)
         bos = gl.load(row + 1)
-        eos = gl.load(row + 2)
-        return walk, walk % HV, bos, eos, (eos - bos + BT - 1) // BT
+        first = gl.load(row + 2)
+        eos = gl.load(row + 3)
+        flags = gl.load(row + 4)
+        return walk, walk % HV, bos, first, eos, (eos - bos + BT - 1) // BT, flags
 
     @gluon.jit
     def _add(a, b):
@@ -103,7 +109,7 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _loader_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                           BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
-                          USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                          USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
         cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
@@ -126,7 +132,7 @@ if GLUON_MISSING is None:
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
         i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
-        i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)[1:]
+        _, i_h, bos, _, eos, NT, _ = _walk_bounds(order, w, HV, BT)
         col_k = (i_h // (HV // H)) * K
         for t in range(NT):
             tok = bos + t * BT
@@ -184,7 +190,7 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _prep_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
-                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr):
+                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
         ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
@@ -211,9 +217,27 @@ if GLUON_MISSING is None:
         fence_async_shared()
 
     @gluon.jit
-    def _walk_chunk(it, tok, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr, HV: gl.constexpr,
-                    V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
-        """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output. s_s: this walker's
+    def _store_output(O, o_t, tok, eos, o_desc, o, col_v, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                      BV: gl.constexpr):
+        """A chunk's O^T (tokens from tok) into the output, through o_t, the walker's v tile, once read."""
+        mma: gl.constexpr = O.type.layout
+        if tok + BT <= eos:
+            # its stage goes back to the loader at the next chunk: through s_s, the next chunk's S^T waited for the copy
+            o_t.permute((1, 0)).store(O.to(o_t.dtype))
+            fence_async_shared()
+            tma_store(o_desc, [tok, col_v], o_t)
+        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+            r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
+            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+            ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
+            gl.store(ptrs, O.to(o_t.dtype), mask=(tok + c < eos)[None, :])
+
+    @gluon.jit
+    def _walk_chunk(it, tok, first, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
+                    HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
+                    NC: gl.constexpr, WARM_UP: gl.constexpr):
+        """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
+        tok is before the walk's first output token (a warm-up chunk, ``chunk.WarmUpWalks``). s_s: this walker's
         [BV, K] tile for S^T, which holds this chunk's S^T on entry and the next one's on return (``_store_state``, not
         after a walk's last chunk). Returns S."""
         k_s, q_s, v_s, kq_ready, kq_free = ring
@@ -253,64 +277,67 @@ if GLUON_MISSING is None:
         fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
         cta_barrier()
         mbarrier.arrive(c_free.index(cs), count=1)
-        O = O * scale
-        if tok + BT <= eos:
-            # the output leaves through this walker's v tile, read into X above, and its stage goes back to the
-            # loader at the next chunk: through s_s, the next chunk's S^T waited for the copy
-            o_t = v_s.index(2 * s + HALF)
-            o_t.permute((1, 0)).store(O.to(dt))
-            fence_async_shared()
-            tma_store(o_desc, [tok, col_v], o_t)
-        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
-            r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
-            ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
-            gl.store(ptrs, O.to(dt), mask=(tok + c < eos)[None, :])
+        # the output leaves through this walker's v tile, read into X above
+        if WARM_UP:
+            if tok >= first:
+                _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
+        else:
+            _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
         return S
 
     @gluon.jit
     def _walker(args, HALF: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                STORE_HT: gl.constexpr):
-        """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV)."""
+                STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
+        """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
+        (``chunk.WarmUpWalks``), which take h0 only where they reach their sequence's start, store ht only at its
+        end and output from their first token on."""
         ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
         for w in range(_my_walks(order)):
-            walk, i_h, bos, eos, NT = _walk_bounds(order, w, HV, BT)
-            if USE_H0:
-                S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
+            walk, i_h, bos, first, eos, NT, flags = _walk_bounds(order, w, HV, BT)
+            if WARM_UP:
+                takes_h0 = (flags & _WALK_TAKES_H0) != 0
+                stores_ht = (flags & _WALK_STORES_HT) != 0
             else:
-                S = gl.zeros([BV, K], gl.float32, mma_s)
+                takes_h0 = True
+                stores_ht = True
+            S = gl.zeros([BV, K], gl.float32, mma_s)
+            if USE_H0:
+                if takes_h0:
+                    S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
             _store_state(S, s_s.index(HALF))
             col_v = i_h * V + HALF * BV
             for t in range(NT):
-                S = _walk_chunk(it, bos + t * BT, eos, S, ring, made, s_s.index(HALF), o_desc, o, col_v, scale, HALF,
-                                HV, V, BT, BV, NA, NC)
+                S = _walk_chunk(it, bos + t * BT, first, eos, S, ring, made, s_s.index(HALF), o_desc, o, col_v, scale,
+                                HALF, HV, V, BT, BV, NA, NC, WARM_UP)
                 it += 1
             if STORE_HT:
-                gl.store(ht + _state_offsets(walk, HALF, K, V, BV, mma_s), S)
+                if stores_ht:
+                    gl.store(ht + _state_offsets(walk, HALF, K, V, BV, mma_s), S)
         tma.store_wait(pendings=0)
 
     @gluon.jit
     def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
-                    STORE_HT: gl.constexpr):
-        _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
+                    STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
+        _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
     def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                      BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
-                     STORE_HT: gl.constexpr):
-        _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT)
+                     STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
+        _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
     def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
                             order_chunks,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
-                            USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WALK_REGS: gl.constexpr,
-                            PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
+                            USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
+                            WALK_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
         dt: gl.constexpr = q_desc.dtype
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         k_s = gl.allocate_shared_memory(dt, [NA, BT, K], k_desc.layout)
@@ -342,10 +369,10 @@ if GLUON_MISSING is None:
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
                 (order_counts, order_walks, order_chunks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
-        gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
-                            (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
-                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT)),
-                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT))],
+        gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
+                            (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
+                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
+                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP))],
                            [4, 4, 4], [WALK_REGS, PREP_REGS, LOAD_REGS])
 
 
@@ -355,19 +382,19 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, order: WalkOrder, scale: float) -> None:
+                      ht: Tensor | None, order: WalkOrder, scale: float, warm_up: bool = False) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
     (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
-    h) from h0 (fp32 [N, HV, K, V], or zero). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all
-    contiguous (see ``unsupported``)."""
+    h) from h0 (fp32 [N, HV, K, V], or zero); warm_up: the walks are warm-up segments (``chunk.WarmUpWalks.fill``'s
+    order). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
         *descs, out, g, beta, h0, ht, scale, order.counts, order.walks, order.program_chunks, H=H, HV=HV, K=K, V=V,
-        BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WALK_REGS=WALK_REGS,
-        PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
+        BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WARM_UP=warm_up,
+        WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def describe() -> str:

@@ -84,6 +84,7 @@ GUARD_CASES = [
 GUARD = 2048  # sentinel elements before and after every tensor
 
 STAGES = ("gc", "Ai", "W", "U", "v_new", "h")  # what a workspace may hold, compared with the reference
+WARM_UP_PROGRAMS = 3  # persistent programs the warm-up segments' walks are dealt to (WarmUpWalks)
 
 
 # ---- the subprocess -----------------------------------------------------------------------------------
@@ -146,6 +147,11 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
             except Exception as e:  # reported by the test of that case
                 res = {"error": f"{type(e).__name__}: {e}"}
             results[(case["name"], variant)] = res
+        if "g" in kw:  # the warm-up segments' walks for 3 persistent programs, from these gates
+            walks = segments["warm-up"].walks(v.shape[2], WARM_UP_PROGRAMS)
+            order = walks.fill(kw["g"])
+            results[(case["name"], "warm-up walks")] = {"rows": order.walks.clone(),
+                                                       "program_chunks": order.program_chunks.clone()}
     results["guards"] = _guarded_runs(chunk, chunk_fused)
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:]}
@@ -239,7 +245,8 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     lay = guarded_layout(lay0)
                     segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
-                        parent=guarded(seg0.parent), warm_up=variant == "cp-warm-up")
+                        parent=guarded(seg0.parent), parent_bounds=guarded(seg0.parent_bounds),
+                        warm_up=variant == "cp-warm-up")
                     NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
@@ -540,7 +547,8 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     # rows go round the programs: program p's i-th walk in row 4 i + p, rows past a program's count unused
     assert order.counts.tolist() == [3, 3, 2, 2]
     assert [mine(order, p) for p in range(4)] == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
-    assert order.walks[4].tolist() == [4, 260, 390] and order.walks[10:].tolist() == [[-1, 0, 0]] * 2
+    # whole sequences: output from their first token, from h0 and to ht
+    assert order.walks[4].tolist() == [4, 260, 260, 390, 3] and order.walks[10:].tolist() == [[-1, 0, 0, 0, 0]] * 2
     assert order.program_chunks.tolist() == [9, 9, 6, 6]
     assert (order.makespan, order.chunks) == (9, 30) and order.fill(4) == pytest.approx(30 / 36)
     assert padded.walk_order(2, 4) is order and padded.walk_order(2, 3) is not order
@@ -551,7 +559,7 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     assert sorted(w for p in range(3) for w in mine(order, p)) == list(range(8))
     assert loads(order, chunks) == order.program_chunks.tolist() == [9, 9, 11]  # in order: 7 + 7 + 0, 1 + 6 + 5, 1 + 2
     bounds = lay.seq_bounds.tolist()
-    assert all([s, e] == bounds[w] for w, s, e in order.walks.tolist() if w >= 0)
+    assert all([s, e] == bounds[w] for w, s, _, e, _ in order.walks.tolist() if w >= 0)
     assert order.makespan == 11 and order.fill(3) == pytest.approx(29 / 33)
     with pytest.raises(ValueError, match="at least one program"):
         lay.walk_order(1, 0)
@@ -575,6 +583,39 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
     other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
     with pytest.raises(ValueError, match="must cut this batch's layout"):
         chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in KERNEL_CASES if "g" in c["kw"]])
+def test_warm_up_walks_start_where_the_decay_runs_out(interpreted, name):
+    """WarmUpWalks.fill (interpreted): each segment dealt becomes its sequence's walk from as many whole chunks back
+    as the gates' summed log decay needs to reach WARM_UP_LOG_DECAY (fp64 here) or the sequence's start, taking
+    h0 only there and storing ht only at the sequence's end; each program's chunks count its warm-ups."""
+    from gdnbench_kernels import chunk
+
+    kw, got = BY_NAME[name]["kw"], interpreted[(name, "warm-up walks")]
+    q, HV = kw["q"], kw["v"].shape[2]
+    layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), CPU)
+    segments = chunk.SegmentLayout.build(layout, 1, warm_up=True)
+    dealt = segments.layout.walk_order(HV, WARM_UP_PROGRAMS)
+    g = kw["g"].double().reshape(-1, HV)
+    chunks = [0] * WARM_UP_PROGRAMS
+    warmed = 0
+    for p in range(WARM_UP_PROGRAMS):
+        for i in range(int(dealt.counts[p])):
+            row = i * WARM_UP_PROGRAMS + p
+            seg_walk, _, first, eos, _ = dealt.walks[row].tolist()
+            h, n = seg_walk % HV, int(segments.parent[seg_walk // HV])
+            seq_bos, seq_eos = layout.spans[n]
+            bos, log_decay = first, 0.0
+            while bos > seq_bos and log_decay > chunk.WARM_UP_LOG_DECAY:
+                bos -= chunk.CHUNK
+                log_decay += g[bos:bos + chunk.CHUNK, h].sum().item()
+            warmed += first - bos
+            flags = (chunk.WALK_TAKES_H0 if bos == seq_bos else 0) | (chunk.WALK_STORES_HT if eos == seq_eos else 0)
+            assert got["rows"][row].tolist() == [n * HV + h, bos, first, eos, flags], (p, i)
+            chunks[p] += -(-(eos - bos) // chunk.CHUNK)
+    assert got["program_chunks"].tolist() == chunks
+    assert warmed > 0 or layout.max_len <= chunk.CHUNK  # segments after a first chunk warm up
 
 
 def test_a_layout_of_another_batch_is_rejected():
