@@ -101,7 +101,7 @@ from .recurrent import _EPS, _cast, _softplus
 from .tuning import TunedKernel
 
 __all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "WarmUpWalks", "ChunkWorkspace", "CHUNK",
-           "INTERPRETED", "describe", "chunk_tier", "state_tier"]
+           "INTERPRETED", "describe", "chunk_tier", "state_tier", "deal_longest_first"]
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
@@ -780,6 +780,23 @@ class ChunkLayout:
             (self.NP, self.pair_indices, self.pair_offsets)
 
 
+def deal_longest_first(chunks: list[int], programs: int) -> tuple[list[list[int]], list[int]]:
+    """Walks of these many chunks dealt longest first, each to the program with the fewest chunks so far (the
+    lowest-numbered on a tie): each program's walks in its order, and its chunks in all."""
+    if programs < 1:
+        raise ValueError(f"walks need at least one program, got {programs}")
+    dealt: list[list[int]] = [[] for _ in range(programs)]
+    loads = [(0, p) for p in range(programs)]  # a heap of (chunks, program)
+    for walk in sorted(range(len(chunks)), key=lambda w: -chunks[w]):
+        load, p = heapq.heappop(loads)
+        dealt[p].append(walk)
+        heapq.heappush(loads, (load + chunks[walk], p))
+    program_chunks = [0] * programs
+    for load, p in loads:
+        program_chunks[p] = load
+    return dealt, program_chunks
+
+
 @dataclass(frozen=True)
 class WalkOrder:
     """Walks dealt to persistent programs that each take theirs in turn: program p walks counts[p] walks, its
@@ -805,18 +822,8 @@ class WalkOrder:
         the fewest chunks so far, the lowest-numbered on a tie: equal walks go round the programs in order, and the
         longest of unequal ones no longer meet on one program, as in order they may (parity's varlen N=64 T=6656: 9
         chunks on one program where 7 suffice)."""
-        if programs < 1:
-            raise ValueError(f"walks need at least one program, got {programs}")
         chunks = [triton.cdiv(end - start, CHUNK) for start, end in spans]
-        dealt: list[list[int]] = [[] for _ in range(programs)]
-        loads = [(0, p) for p in range(programs)]  # a heap of (chunks, program)
-        for walk in sorted(range(len(chunks)), key=lambda w: -chunks[w]):
-            load, p = heapq.heappop(loads)
-            dealt[p].append(walk)
-            heapq.heappush(loads, (load + chunks[walk], p))
-        program_chunks = [0] * programs
-        for load, p in loads:
-            program_chunks[p] = load
+        dealt, program_chunks = deal_longest_first(chunks, programs)
         rounds = max(len(mine) for mine in dealt)
         whole = WALK_TAKES_H0 | WALK_STORES_HT
         rows = [(mine[i], spans[mine[i]][0], *spans[mine[i]], whole) if i < len(mine) else (-1, 0, 0, 0, 0)

@@ -80,7 +80,8 @@ from torch import Tensor
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, WalkOrder, _Args, _bv_prune, _chunk_bounds,
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
-                    _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier)
+                    _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier,
+                    deal_longest_first)
 from . import chunk_prep_sm90, chunk_specialized_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
 from .gluon_hopper import sm_count
 from .tuning import TunedKernel
@@ -88,7 +89,7 @@ from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "GLUON_WALKS", "SPECIALIZED", "PipelineLayout", "fuse_output_default",
            "output_span_default", "pipeline_default", "walk_default", "plan_walk", "plan_prep", "warm_up_default",
-           "describe"]
+           "plan_segments", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
 # walks each sequence's chunks one after the other and recomputes Q K^T per V-block, so it pays off only
@@ -485,6 +486,10 @@ SPECIALIZED_MIN_UNEQUAL_FILL = 0.5  # measured: 0.60 and 0.44; between them, not
 # 1045.2; parity B=4 T=1024 H=HV=4 (4) 27.1 -> 34.3, B=2 T=1500 gate_norm 10 (4, warm-ups back to the sequences'
 # starts) 36.2 -> 58.1.
 SPECIALIZED_MIN_SEGMENT_CHUNKS = 16
+# and there its segments are cut to the size, up to this, whose segments (each but a sequence's first with a chunk of
+# warm-up) deal to its programs with the least makespan (``plan_segments``): qwen3-next B=1 T=65536 HV=32 on 132 SMs,
+# segments of 64 chunks make the most loaded program walk 260 chunks, of 125 chunks 252 (the even share: 248.2).
+SPECIALIZED_MAX_SEGMENT_CHUNKS = 128
 
 
 def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device) -> WalkOrder:
@@ -541,6 +546,27 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
     least, most = WARM_UP_SEGMENT_CHUNKS
     chunks = min(max(triton.cdiv(walked, WARM_UP_PROGRAMS_PER_SM * sms), least), most)
     return chunks if triton.cdiv(longest, chunks) >= WARM_UP_MIN_SEGMENTS else None
+
+
+def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool = False,
+                  raw_gate: bool = False) -> int | None:
+    """Chunks per warm-up segment by default, or None for the sequential walk: ``warm_up_default``'s, except where
+    the warp-specialized kernel would walk them (``walk_default``: SPECIALIZED_MIN_SEGMENT_CHUNKS or more, the gates
+    given): there the size from that to SPECIALIZED_MAX_SEGMENT_CHUNKS whose segments, each but a sequence's first
+    with one chunk of warm-up (strong decay), its programs (one a SM) take with the least makespan, the smallest on a
+    tie."""
+    chunks = warm_up_default(layout, HV, V, q.device)
+    if chunks is None or chunks < SPECIALIZED_MIN_SEGMENT_CHUNKS or \
+            chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is not None:
+        return chunks
+    lengths = [triton.cdiv(end - start, CHUNK) for start, end in layout.spans]
+    programs = sm_count(q.device)
+
+    def makespan(size: int) -> int:
+        walks = [min(size, n - first) + (first > 0) for n in lengths for first in range(0, n, size)] * HV
+        return max(deal_longest_first(walks, programs)[1])
+
+    return min(range(SPECIALIZED_MIN_SEGMENT_CHUNKS, SPECIALIZED_MAX_SEGMENT_CHUNKS + 1), key=makespan)
 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,

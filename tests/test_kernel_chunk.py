@@ -784,6 +784,40 @@ def test_warm_up_segments_by_default_only_where_the_walks_are_few_or_unequal(len
     assert chunk_fused.warm_up_default(layout, HV, V, torch.device("cuda")) == chunks
 
 
+@pytest.mark.parametrize("lengths,HV,raw,chunks", [
+    ([65536], 32, False, 125),  # 9 segments of a sequence's 1024 chunks: the most loaded program walks 252 of them
+    ([65536], 32, True, 64),  # raw gates: the transposed walk, warm_up_default's size
+    ([32768], 32, False, 125),
+    ([16384], 32, False, 63),  # warm_up_default's size is the best already
+    ([2048] * 4, 8, False, 8),  # under SPECIALIZED_MIN_SEGMENT_CHUNKS: the transposed walk's
+    ([8192] * 4, 32, False, None),  # no segments
+])
+def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunks, monkeypatch):
+    """plan_segments on a faked H100 (132 SMs, every kernel's envelope open): where the warp-specialized kernel walks
+    the segments, the size whose walks (a chunk of warm-up each but a sequence's first) its 132 programs take with the
+    least makespan, as WalkOrder deals them."""
+    from gdnbench_kernels import chunk, chunk_fused
+
+    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk_fused.chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw" if raw else None)
+    warm_up_default = chunk_fused.warm_up_default
+    monkeypatch.setattr(chunk_fused, "warm_up_default", lambda *a: warm_up_default(*a[:3], torch.device("cuda")))
+    layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
+    q = torch.empty(1, sum(lengths), 16, 128)
+    assert chunk_fused.plan_segments(layout, q, 128, HV, raw_gate=raw) == chunks
+    if chunks and not raw and chunks >= chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS:
+        def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, warm-ups added
+            segments = chunk.SegmentLayout.build(layout, size, warm_up=True)
+            order = segments.layout.walk_order(HV, 132)
+            firsts = {start for start, _ in layout.spans}
+            extra = [sum(int(start not in firsts) for w, start, *_ in order.walks.tolist()[p::132][:order.counts[p]])
+                     for p in range(132)]
+            return max(c + e for c, e in zip(order.program_chunks.tolist(), extra))
+
+        sizes = range(chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS, chunk_fused.SPECIALIZED_MAX_SEGMENT_CHUNKS + 1, 7)
+        assert all(makespan(chunks) <= makespan(size) for size in sizes)
+
+
 def test_a_pipeline_cuts_every_sequence_into_groups():
     from gdnbench_kernels import chunk, chunk_fused
 

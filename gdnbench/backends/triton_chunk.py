@@ -47,7 +47,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     default rule (``chunk_fused.fuse_output_default``). The backends take the defaults; sweeps set them.
     segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks; warm_up:
     their entering states from a decay-bounded warm-up walk instead of a scan (``chunk.SegmentLayout``);
-    None: warm-up segments where the kernel's default rule says so (``chunk_fused.warm_up_default``) unless
+    None: warm-up segments where the kernel's default rule says so (``chunk_fused.plan_segments``) unless
     fuse_output, walk or pipeline_chunks is given; 0: the sequential walk.
     output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk_fused.output_span_default``.
     pipeline_chunks (fused only, no segments): prep, walk and output pass (or the walk with the output fused
@@ -65,7 +65,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     if segment_chunks is None and fused and fuse_output is None and walk is None and pipeline_chunks is None:
-        segment_chunks, warm_up = chunk_fused.warm_up_default(layout, case.HV, case.V, p.q.device), True
+        segment_chunks, warm_up = chunk_fused.plan_segments(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel,
+                                                            raw), True
     segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up) if segment_chunks else None
     walk, fuse_output = (chunk_fused.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
                                                fuse_output, raw_gate=raw, prep=prep) if fused else ("triton", False))
