@@ -38,7 +38,10 @@ On Hopper, on 128+ walks that keep one program a SM busy (see SPECIALIZED_MIN_WA
 prep and the walk run in one warp-specialized Gluon kernel instead (``chunk_specialized_sm90``,
 ``walk=SPECIALIZED``): a loader warpgroup and a prep warpgroup one chunk ahead of two walker warpgroups, so that
 one pair's prep overlaps another's walk. 1.02-1.27x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole
-sequences, dealt to its programs longest first, so fewer walks, or walks that leave SMs idle, lose.
+sequences, dealt to its programs longest first, so fewer walks, or walks that leave SMs idle, lose. It also walks
+warm-up segments of 16 chunks or more (see SPECIALIZED_MIN_SEGMENT_CHUNKS; ``chunk.WarmUpWalks``), sized so that
+its programs take them evenly (``plan_segments``): 1.06-1.20x over the transposed walk there on qwen3-next B=1 and
+1.13-1.29x on long-prefill's rows (H100).
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -58,8 +61,8 @@ can run chunk-parallel instead (``segments``, ``chunk.SegmentLayout``: per-segme
 by a scan; the backend triton.chunk_fused_cp), 1.2-1.4x slower than the sequential pass on qwen3-next
 on an H100 (measured when W and U were stored); or with warm-up segments (``SegmentLayout.warm_up``: each
 segment starts a few decayed chunks early), the default where the walks are few or unequal
-(``warm_up_default``): 1.25-1.36x on qwen3-next B=1, up to 4x on parity's few long walks and 1.5-1.7x on
-long-prefill's unequal varlen rows on an H100.
+(``warm_up_default``, ``plan_segments``): 1.25-1.36x on qwen3-next B=1, up to 4x on parity's few long walks and
+1.5-1.7x on long-prefill's unequal varlen rows on an H100.
 
 Registers in bf16 on sm_90 (as the JIT specializes, see ``chunk``; triton 3.6's ptxas), no spills,
 4 warps, 1 stage: the prep kernel 127 at K = 128 (128 with raw gating and the in-kernel L2 norm), 125 at
@@ -437,7 +440,8 @@ SM90_TRANSPOSED_WALK_MIN_CHUNKS = 4
 # H=HV=8 (96, 8) 36.9 -> 35.6; B=4 T=640 H=8 HV=16 (128, 10) 47.7 -> 46.3; B=2 T=640 H=16 HV=32 (128, 10) 47.9
 # -> 46.0. (walk_default: "short" is fewer than WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0] chunks.)
 # Over warm-up segments (where warm_up_default cuts the walks) the transposed walk runs by default too, over the
-# same segments: their sizes put its programs at about two per SM. Whole calls on an H100 (us; the default then
+# same segments (since the forty-third session, those under SPECIALIZED_MIN_SEGMENT_CHUNKS, or with raw gates): their
+# sizes put its programs at about two per SM. Whole calls on an H100 (us; the default then
 # (the Triton walk over warm-up segments) -> the transposed walk over warm-up segments of 16 / 32 / 64 / 128
 # chunks; * the default's size), interleaved:
 #   qwen3-next B=1 T=4096 114.0 -> 99.3* / 127.4 / 189.8 / 191.6; T=8192 204.1 -> 186.0 / 180.0* / 232.9 / 358.2;

@@ -3,8 +3,9 @@
 The two-kernel path runs the prep kernel (``chunk_prep_sm90``) over every chunk, then the walk
 (``chunk_walk_transposed_sm90``): the prep's time and the walk's dependent chain add up, while neither fills
 the SM on its own (BENCHMARKS.md, thirty-third session: the walk alone takes about FlashInfer's whole time).
-Here one program per SM takes (sequence, value head) pairs in turn, dealt on the host longest first
-(``chunk.WalkOrder``), and its four warpgroups overlap them:
+Here one program per SM takes (sequence, value head) pairs in turn, or warm-up segments of them (WARM_UP:
+``chunk.WarmUpWalks``, whose warm-up chunks store no output), dealt on the host longest first (``chunk.WalkOrder``),
+and its four warpgroups overlap them:
 
   - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
     chunks ahead as the stages let it;
@@ -43,7 +44,8 @@ no longer mask the tokens past a sequence's end (beta is 0 there, so v_new comes
 instructions in their loops: 1.03x at B=4 T=8192 and on parity's 256+ walks; the scores made before the solve,
 from A's gates (one exp a chunk where there were two), 1.02-1.04x. Forty-second session: the output through the v
 tile instead of S^T's, and the next chunk's S^T stored before it (no longer waiting for its copy), 1.036x at B=4
-T=8192.
+T=8192. Forty-third session: warm-up segments, where the two-kernel path ran the prep kernel and the transposed walk
+over them: 1.06-1.20x on qwen3-next B=1 (T=65536: 1.149 x 1.039 in two A/Bs chained, H100; 1019 us on an H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
