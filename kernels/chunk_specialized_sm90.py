@@ -64,7 +64,7 @@ from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
     from .chunk_prep_sm90 import _solve
-    from .chunk_walk_transposed_sm90 import _state_offsets
+    from .chunk_walk_transposed_sm90 import _state_offsets, _store_output
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
 
@@ -219,22 +219,6 @@ if GLUON_MISSING is None:
         fence_async_shared()
 
     @gluon.jit
-    def _store_output(O, o_t, tok, eos, o_desc, o, col_v, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                      BV: gl.constexpr):
-        """A chunk's O^T (tokens from tok) into the output, through o_t, the walker's v tile, once read."""
-        mma: gl.constexpr = O.type.layout
-        if tok + BT <= eos:
-            # its stage goes back to the loader at the next chunk: through s_s, the next chunk's S^T waited for the copy
-            o_t.permute((1, 0)).store(O.to(o_t.dtype))
-            fence_async_shared()
-            tma_store(o_desc, [tok, col_v], o_t)
-        else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
-            r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
-            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-            ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
-            gl.store(ptrs, O.to(o_t.dtype), mask=(tok + c < eos)[None, :])
-
-    @gluon.jit
     def _walk_chunk(it, tok, first, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
                     NC: gl.constexpr, WARM_UP: gl.constexpr):
@@ -279,7 +263,8 @@ if GLUON_MISSING is None:
         fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
         cta_barrier()
         mbarrier.arrive(c_free.index(cs), count=1)
-        # the output leaves through this walker's v tile, read into X above
+        # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
+        # next chunk (through s_s, the next chunk's S^T waited for the copy)
         if WARM_UP:
             if tok >= first:
                 _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)

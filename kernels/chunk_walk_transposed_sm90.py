@@ -134,18 +134,9 @@ if GLUON_MISSING is None:
         PT = _scores_issue(gl.minimum(t + 1, NT - 1), k_s, q_s, bars, BT, NB, mma)
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=1, deps=(S, O, vn_a, vnd_a))
         _fetch(k_desc, tok + 2 * BT, col_k, bars.index(2 * NB + 2 + t % 2), k_cur, t + 2 < NT)
-        O = O * scale
         if STORE_O:
-            if not LAST or tok + BT <= eos:
-                tma.store_wait(pendings=0)
-                o_s.permute((1, 0)).store(O.to(o_s.dtype))
-                fence_async_shared()
-                tma_store(o_desc, [tok, col_v], o_s)
-            else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
-                c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-                r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
-                ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
-                gl.store(ptrs, O.to(o_s.dtype), mask=(tok + c < eos)[None, :])
+            tma.store_wait(pendings=0)  # the last chunk's output has left o_s
+            _store_output(O * scale, o_s, tok, eos, o_desc, o, col_v, HV, V, BT, BV, LAST)
         PT = warpgroup_mma_wait(num_outstanding=0, deps=(PT, ))
         _scores_store(PT, nxt, p_s, BT, mma)
         return S, nxt
@@ -160,6 +151,23 @@ if GLUON_MISSING is None:
                                         ai_desc, i_h, col_k, col_v, BV, BT, mma, NB)
         return _chunk_back(t, NT, bos, eos, S, vn_a, vnd_a, QSd, gates, gc, i_h, k_s, q_s, p_s, o_s, bars, k_desc,
                            o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, LAST, STORE_O)
+
+    @gluon.jit
+    def _store_output(O, o_t, tok, eos, o_desc, o, col_v, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                      BV: gl.constexpr, LAST: gl.constexpr = True):
+        """A chunk's O^T [BV, BT] (its tokens from tok, value columns from col_v) into the output o: by TMA through
+        the shared-memory tile o_t, free by then, or where the chunk is short (only a walk's LAST may be), row by
+        row: TMA would write its rows past the end, into the next sequence's."""
+        if not LAST or tok + BT <= eos:
+            o_t.permute((1, 0)).store(O.to(o_t.dtype))
+            fence_async_shared()
+            tma_store(o_desc, [tok, col_v], o_t)
+        else:
+            mma: gl.constexpr = O.type.layout
+            c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
+            r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma))
+            ptrs = o + (tok + c).to(gl.int64)[None, :] * (HV * V) + (col_v + r)[:, None]
+            gl.store(ptrs, O.to(o_t.dtype), mask=(tok + c < eos)[None, :])
 
     @gluon.jit
     def _state_offsets(i_nh, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, mma_s: gl.constexpr):
