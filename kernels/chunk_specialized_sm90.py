@@ -265,10 +265,7 @@ if GLUON_MISSING is None:
         mbarrier.arrive(c_free.index(cs), count=1)
         # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
         # next chunk (through s_s, the next chunk's S^T waited for the copy)
-        if WARM_UP:
-            if tok >= first:
-                _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
-        else:
+        if not WARM_UP or tok >= first:
             _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
         return S
 
