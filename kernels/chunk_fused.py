@@ -494,8 +494,10 @@ SPECIALIZED_MIN_UNEQUAL_FILL = 0.5  # measured: 0.60 and 0.44; between them, not
 SPECIALIZED_MIN_SEGMENT_CHUNKS = 16
 # and there its segments are cut to the size, up to this, whose segments (each but a sequence's first with a chunk of
 # warm-up) deal to its programs with the least makespan (``plan_segments``): qwen3-next B=1 T=65536 HV=32 on 132 SMs,
-# segments of 64 chunks make the most loaded program walk 260 chunks, of 125 chunks 252 (the even share: 248.2).
-SPECIALIZED_MAX_SEGMENT_CHUNKS = 128
+# segments of 64 chunks make the most loaded program walk 260 chunks, of 125 chunks 252, of 249 chunks 250 (one walk
+# a program, 128 of them; the even share: 248.2). Up to 128 until the forty-fourth session; of qwen3-next's and
+# long-prefill's rows only T=65536 takes a size over 128 now.
+SPECIALIZED_MAX_SEGMENT_CHUNKS = 256
 # Where its programs walk this many chunks or more, the prep kernel (chunk_prep_sm90) computes every
 # SPECIALIZED_PRE_EVERY-th chunk's Ai beforehand, and the prep warpgroup, which sets the kernel's pace, leaves those
 # chunks' solves out (``plan_precompute``). The walkers, then the pace, gain less than the prep warpgroup sheds

@@ -785,7 +785,7 @@ def test_warm_up_segments_by_default_only_where_the_walks_are_few_or_unequal(len
 
 
 @pytest.mark.parametrize("lengths,HV,raw,chunks", [
-    ([65536], 32, False, 125),  # 9 segments of a sequence's 1024 chunks: the most loaded program walks 252 of them
+    ([65536], 32, False, 249),  # 5 segments of a sequence's 1024 chunks: the most loaded program walks 250 of them
     ([65536], 32, True, 64),  # raw gates: the transposed walk, warm_up_default's size
     ([32768], 32, False, 125),
     ([16384], 32, False, 63),  # warm_up_default's size is the best already

@@ -248,12 +248,12 @@ def test_every_nth_picks_whole_chunks_on_the_token_axis():
     assert layout.every_nth(3).tolist() == [[0, 2], [0, 5], [0, 8], [2, 1]]
 
 
-@pytest.mark.parametrize("B,T,segment_chunks,precomputed", [(1, 65536, 125, True), (1, 32768, 125, False),
+@pytest.mark.parametrize("B,T,segment_chunks,precomputed", [(1, 65536, 249, True), (1, 32768, 125, False),
                                                              (4, 8192, None, False)])
 def test_precomputed_ai_only_on_long_programs(B, T, segment_chunks, precomputed, monkeypatch):
     """plan_precompute (qwen3-next's heads on a faked H100, over the warm-up segments plan_segments picks there, or
     whole sequences): the prep kernel computes some chunks' Ai beforehand only where the warp-specialized kernel's
-    programs walk SPECIALIZED_PRE_MIN_CHUNKS or more (252, 126 and 128 chunks here); pre_every on any other walk
+    programs walk SPECIALIZED_PRE_MIN_CHUNKS or more (249, 125 and 128 chunks here, warm-ups left out); pre_every on any other walk
     is an error, and so is 1."""
     from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
 
