@@ -500,13 +500,14 @@ SPECIALIZED_MIN_SEGMENT_CHUNKS = 16
 SPECIALIZED_MAX_SEGMENT_CHUNKS = 256
 # Where its programs walk this many chunks or more, the prep kernel (chunk_prep_sm90) computes every
 # SPECIALIZED_PRE_EVERY-th chunk's Ai beforehand, and the prep warpgroup, which sets the kernel's pace, leaves those
-# chunks' solves out (``plan_precompute``). The walkers, then the pace, gain less than the prep warpgroup sheds
-# (with every second chunk's Ai beforehand, about 3.6 us a chunk where it was 4.2), and the prep kernel's time
-# comes first, so it pays only on long programs. H100, forty-fourth session (the default -> every 2nd / 3rd / 4th /
-# 6th chunk's Ai beforehand, us): qwen3-next B=1 T=65536 (252 chunks a program) 1057.9 -> 1078.5 / 1039.4 / 1032.9
-# / 1034.3, on another machine 1029.2 -> - / 1028.9 / 1021.1 / 1016.7; T=32768 (126) 520.3 -> 536.4 / 523.6 /
-# 522.3 / 519.0; B=4 T=8192 (128) 522.0 -> 527.8 / 521.2 / 522.4 / 521.8; B=1 T=4096 (16) 84.6 -> 89.0-91.3; parity
-# B=16 T=256 (4) 30.5 -> 38.0-39.6.
+# chunks' solves out (``plan_precompute``). The kernel gains less than the solves it sheds (with every second chunk's
+# Ai beforehand, about 3.45 us a chunk where it was 4.0 at B=4 T=8192: a solve costs the SM's shared throughput
+# whoever waits for it), and the prep kernel's time comes first, so it pays only on long programs. H100,
+# forty-fourth session (the default -> every 2nd / 3rd / 4th / 6th chunk's Ai beforehand, us): qwen3-next B=1
+# T=65536 (252 chunks a program, in segments of 125 then) 1057.9 -> 1078.5 / 1039.4 / 1032.9 / 1034.3, on another
+# machine 1029.2 -> - / 1028.9 / 1021.1 / 1016.7, in segments of 249 on a third 1018.9 -> - / - / 1014.7 / 1006.9
+# (every 8th: 1010.2); T=32768 (126) 520.3 -> 536.4 / 523.6 / 522.3 / 519.0; B=4 T=8192 (128) 522.0 -> 527.8 /
+# 521.2 / 522.4 / 521.8; B=1 T=4096 (16) 84.6 -> 89.0-91.3; parity B=16 T=256 (4) 30.5 -> 38.0-39.6.
 SPECIALIZED_PRE_MIN_CHUNKS = 192
 SPECIALIZED_PRE_EVERY = 6
 
@@ -766,7 +767,7 @@ def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", p
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
     if walk == SPECIALIZED:
         return chunk_specialized_sm90.describe() + (
-            f", every {pre_every}th chunk's Ai beforehand by the {chunk_prep_sm90.describe()}" if pre_every else "")
+            f", the Ai of one chunk in {pre_every} beforehand by the {chunk_prep_sm90.describe()}" if pre_every else "")
     prep_str = chunk_prep_sm90.describe() if prep == "sm90" else f"prep[{_config_str(_chunk_prep_kernel)}]"
     if walk in GLUON_WALKS:
         return f"{prep_str}, {GLUON_WALKS[walk].describe()}"
