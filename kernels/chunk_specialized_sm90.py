@@ -48,8 +48,9 @@ tile instead of S^T's, and the next chunk's S^T stored before it (no longer wait
 T=8192. Forty-third session: warm-up segments, where the two-kernel path ran the prep kernel and the transposed walk
 over them: 1.06-1.20x on qwen3-next B=1 (T=65536: 1.149 x 1.039 in two A/Bs chained, H100; 1019 us on an H200).
 Forty-fourth session: every PRE_EVERY-th chunk's Ai from the prep kernel, beforehand (``chunk_fused.plan_precompute``):
-the prep warpgroup, the pace, sheds their solves, but can still lead the walkers by one chunk only (two stages), and
-the prep kernel's time comes first: 1.01-1.02x at qwen3-next B=1 T=65536, a loss on shorter programs (H100).
+the prep warpgroup, the pace, sheds their solves, but the kernel gains less than they cost it (a solve takes the SM's
+shared throughput whoever waits; a third stage did not help), and the prep kernel's time comes first: 1.01-1.02x at
+qwen3-next B=1 T=65536, a loss on shorter programs (H100 and H200; BENCHMARKS.md, forty-fourth session).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
