@@ -24,8 +24,8 @@ thirty-first session). What Gluon lets this kernel do instead, each measured as 
 
 Then with D = blockdiag(Y_01, Y_23), the diagonal 32 x 32 blocks' inverses (the 16 x 16 ones joined by two more
 mma_v2 products, after an exchange between warps), and L = A below them, (I + A)^-1 = D - (D L) D in two wgmma
-products whose operands are rounded to the input dtype (``_solve``, which ``chunk_specialized_sm90`` shares in
-Triton's form, four products from the 16 x 16 blocks). H100 (BENCHMARKS.md,
+products whose operands are rounded to the input dtype (``_solve``, which ``chunk_specialized_sm90`` shares; since
+the forty-fifth session each product takes only the half of K that is not 0). H100 (BENCHMARKS.md,
 thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (B=4 T=8192: 287 -> 229 us;
 FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
 and 1.02-1.11x on parity's rows it serves. The block inverses' fp16 products put Ai within 3.3e-4 of an fp64
@@ -71,19 +71,18 @@ if GLUON_MISSING is None:
         return gl.convert_layout(x.to(gl.float16), operand)
 
     @gluon.jit
-    def _block_inverses(A, x_s, BT: gl.constexpr, mma: gl.constexpr, PAIRED: gl.constexpr):
-        """D = blockdiag(Y_0, .., Y_3), the inverses of I + A's four diagonal 16 x 16 blocks, or where PAIRED
-        blockdiag(Y_01, Y_23), those of its two 32 x 32 blocks (strictly lower parts; A in and D out in the layout
-        mma; A on and above its diagonal is never read: ``_gated_kkt`` may leave anything there), by doubling
-        inverted blocks along the diagonal.
+    def _block_inverses(A, x_s, BT: gl.constexpr, mma: gl.constexpr):
+        """D = blockdiag(Y_01, Y_23), the inverses of I + A's two diagonal 32 x 32 blocks (strictly lower parts; A
+        in and D out in the layout mma; A on and above its diagonal is never read: ``_gated_kkt`` may leave anything
+        there), by doubling inverted blocks along the diagonal.
 
         In the layout mma warp b holds rows 16 b to 16 b + 15, so its 16 x 16 diagonal block N_b stays in its
         registers: with Y the inverses of the s x s blocks and L the part of N_b below them within the 2s x 2s
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
-        products (operands fp16). PAIRED: then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the
-        block below the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}), two products more. Forward substitution
-        through shared memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I +
-        N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
+        products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the block below
+        the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}), two products more. Forward substitution through shared
+        memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8) is
+        half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
         A3 = gl.reshape(A, [BT, BT // 16, 16])  # the blocks picked out of each thread's registers: mma's column
         L3A: gl.constexpr = A3.type.layout  # blocks are register bits
         bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
@@ -102,23 +101,20 @@ if GLUON_MISSING is None:
             YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
         Yd = gl.expand_dims(gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
-        if PAIRED:
-            x_s.store(Y.to(gl.float16))
-            left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
-            A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
-            cta_barrier()  # Y_{b-1} was stored by warp b - 1
-            pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)),
-                                      PAIRS)
-            even, _ = gl.split(pairs)  # Y_0, Y_2
-            # Y_0, Y_0, Y_2, Y_2
-            Y_prev = gl.reshape(gl.permute(gl.join(even, even), (0, 3, 1, 2)), [BT // 16, 16, 16])
-            AY = mma_v2(_half(A_left, a_op), gl.convert_layout(Y_prev, b_op), zero)  # even b: not used
-            X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
-            Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
-            odd = ((ridx // 16) % 2 == 1)[:, None, None]
-            D = gl.where(keep, Yd, gl.where(left & odd, Xd, 0.0))
-        else:
-            D = gl.where(keep, Yd, 0.0)
+        x_s.store(Y.to(gl.float16))
+        left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
+        A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
+        cta_barrier()  # Y_{b-1} was stored by warp b - 1
+        pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)),
+                                  PAIRS)
+        even, _ = gl.split(pairs)  # Y_0, Y_2
+        # Y_0, Y_0, Y_2, Y_2
+        Y_prev = gl.reshape(gl.permute(gl.join(even, even), (0, 3, 1, 2)), [BT // 16, 16, 16])
+        AY = mma_v2(_half(A_left, a_op), gl.convert_layout(Y_prev, b_op), zero)  # even b: not used
+        X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
+        Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
+        odd = ((ridx // 16) % 2 == 1)[:, None, None]
+        D = gl.where(keep, Yd, gl.where(left & odd, Xd, 0.0))
         return gl.convert_layout(gl.reshape(D, [BT, BT]), mma)
 
     @gluon.jit
@@ -148,46 +144,35 @@ if GLUON_MISSING is None:
         return KK * gates * beta_r[:, None]
 
     @gluon.jit
-    def _solve(A, d_s, l_s, s_s, BT: gl.constexpr, mma: gl.constexpr, PAIRED: gl.constexpr):
+    def _half_columns(x, BT: gl.constexpr):
+        """x's columns [0, BT / 2) and [BT / 2, BT), for wgmma A operands of K = BT / 2."""
+        return gl.split(gl.permute(gl.reshape(x, [BT, 2, BT // 2]), (0, 2, 1)))
+
+    @gluon.jit
+    def _solve(A, d_s, l_s, x_s, BT: gl.constexpr, mma: gl.constexpr):
         """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
         is read); Ai is it times diag(beta), which the callers apply (beta's columns need not stay in registers
-        through the solve). d_s and l_s: [BT, BT] tiles for D and L; s_s: a scratch, where PAIRED the exchange
-        buffer (fp16 [BT // 16, 16, 16], EXCHANGE_SHARED), else a [BT, BT] tile; wgmma operands are rounded to
-        d_s's dtype.
+        through the solve). d_s and l_s: [BT, BT] tiles for D and L; x_s: the block inverses' exchange buffer (fp16
+        [BT // 16, 16, 16], EXCHANGE_SHARED); wgmma operands are rounded to d_s's dtype.
 
-        PAIRED: with D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``,
-        their exchange through s_s) and L = A's block below them, (I + A)^-1 = D - (D L) D, in two wgmma products.
-        Else with D = blockdiag(Y_b) of the 16 x 16 blocks and L = A below them, (I + A)^-1 = (I - M + M^2 - M^3) D
-        with M = D L, in four, -M in s_s. The prep kernel takes the first, 1.01-1.03x (two products fewer on its
-        chain); the warp-specialized kernel the second, where the first's exchange cost as much as it saved
-        (0.98-1.02x; BENCHMARKS.md, thirty-ninth session)."""
+        With D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``) and L =
+        A's block below them, (I + A)^-1 = D - (D L) D in two wgmma products, each of K = BT / 2: L's first BT / 2
+        rows and D L's last BT / 2 columns are 0. Those halves left out, the warp-specialized kernel, which computed
+        (I - M + M^2 - M^3) D with M = D L from the 16 x 16 blocks in four products of K = BT, went 1.03-1.10x
+        faster (BENCHMARKS.md, forty-fifth session): its prep's wgmmas share the tensor cores with the walkers'."""
         dt: gl.constexpr = d_s.dtype
-        r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        zero = gl.zeros([BT, BT], gl.float32, mma)
-        if PAIRED:
-            l_s.store(gl.where((r >= BT // 2)[:, None] & (c < BT // 2)[None, :], A, 0.0).to(dt))
-            D = _block_inverses(A, s_s, BT, mma, True)
-            D_op = D.to(dt)
-            d_s.store(D_op)
-            fence_async_shared()
-            DL = warpgroup_mma(gl.convert_layout(D_op, a_op), l_s, zero, use_acc=False)
-            return warpgroup_mma(gl.convert_layout((-DL).to(dt), a_op), d_s, D)
-        else:
-            l_s.store(gl.where((r // 16)[:, None] > (c // 16)[None, :], A, 0.0).to(dt))
-            fence_async_shared()  # L, while the block inverses are made
-            D_op = _block_inverses(A, s_s, BT, mma, False).to(dt)
-            d_s.store(D_op)  # for the last product, fenced with -M
-            diag = r[:, None] == c[None, :]
-            M = warpgroup_mma(gl.convert_layout(D_op, a_op), l_s, zero, use_acc=False)
-            s_s.store((-M).to(dt))
-            fence_async_shared()
-            P = gl.where(diag, 1.0 - M, -M)
-            for _ in gl.static_range(BT // 16 - 2):  # P = I - P M; P M's diagonal is 0 (M is strictly block-lower)
-                P = warpgroup_mma(gl.convert_layout(P.to(dt), a_op), s_s, zero, use_acc=False)
-                P = gl.where(diag, P + 1.0, P)
-            return warpgroup_mma(gl.convert_layout(P.to(dt), a_op), d_s, zero, use_acc=False)
+        l_s.store(gl.where((c < BT // 2)[None, :], A, 0.0).to(dt))  # its rows from BT / 2 on are read
+        D = _block_inverses(A, x_s, BT, mma)
+        D_op = D.to(dt)
+        d_s.store(D_op)
+        fence_async_shared()
+        _, D_right = _half_columns(D_op, BT)
+        DL = warpgroup_mma(gl.convert_layout(D_right, a_op), l_s.slice(BT // 2, BT // 2, dim=0),
+                           gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
+        DL_left, _ = _half_columns((-DL).to(dt), BT)
+        return warpgroup_mma(gl.convert_layout(DL_left, a_op), d_s.slice(0, BT // 2, dim=0), D)
 
     @gluon.jit
     def _chunk_rows(item, chunk_indices, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
@@ -240,7 +225,7 @@ if GLUON_MISSING is None:
             gc_r, gc_c = _chunk_cumsum(gl.convert_layout(g_t, gl.SliceLayout(0, mma)), BT, mma)
             gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
             A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma)
-            Ai_t = _solve(A, d_s, l_s, x_s, BT, mma, True) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
+            Ai_t = _solve(A, d_s, l_s, x_s, BT, mma) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
             if n_valid >= BT:
                 l_s.store(Ai_t.to(dt))
                 fence_async_shared()

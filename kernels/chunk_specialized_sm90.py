@@ -18,7 +18,7 @@ and its four warpgroups overlap them:
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
 Shared memory (227 KB, one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two
-(the Ai stage holds L during the solve), the solve's D and -M; each walker's S^T in bf16, for (K S)^T and (Q S)^T.
+(the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange; each walker's S^T in bf16, for (K S)^T and (Q S)^T.
 The output leaves by TMA through the walker's half of the chunk's v tile, once read. Registers: setmaxnreg gives
 the walkers 176 each, the prep 136 and the loader 24.
 
@@ -51,6 +51,11 @@ Forty-fourth session: every PRE_EVERY-th chunk's Ai from the prep kernel, before
 the prep warpgroup, the pace, sheds their solves, but the kernel gains less than they cost it (a solve takes the SM's
 shared throughput whoever waits; a third stage did not help), and the prep kernel's time comes first: 1.01-1.02x at
 qwen3-next B=1 T=65536, a loss on shorter programs (H100 and H200; BENCHMARKS.md, forty-fourth session).
+Forty-fifth session: the solve in ``chunk_prep_sm90``'s form, D - (D L) D from the 32 x 32 blocks in two products of
+K = 32, where it took (I - M + M^2 - M^3) D from the 16 x 16 blocks in four of K = 64 (the exchange of the block
+inverses that this costs did not pay while the products took all of K): 1.03-1.10x on every row the kernel serves but
+parity's shortest, whose walks are one or two chunks (H100). The prep's wgmmas queue on the tensor cores behind the
+walkers', so that its few dependent products cost more than their work.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -68,7 +73,7 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import _solve
+    from .chunk_prep_sm90 import EXCHANGE_SHARED, _solve
     from .chunk_walk_transposed_sm90 import _state_offsets, _store_output
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                tma_store, warpgroup_mma, warpgroup_mma_wait)
@@ -80,7 +85,7 @@ BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
 NC = 2  # stages of Ai, P and gc
 WARPS = 4  # per warpgroup: the default one walks columns 0-63
-NG = 3  # stages of the gates (gc and beta); a fourth leaves no room for the prep's -M tile
+NG = 3  # stages of the gates (gc and beta)
 WALK_REGS = 176  # of 512 for the four (128 each at launch); at 168 ptxas serializes the wgmmas
 PREP_REGS = 136
 LOAD_REGS = 24
@@ -203,13 +208,13 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
         """gc, Ai and P (``_scores``) of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles,
-        gc_g and beta_g its gates; d_s: two tiles for the solve (D, -M)."""
+        gc_g and beta_g its gates; d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``)."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gates, beta_r = _scores(gc_g, beta_g, k_cur, q_cur, p_dst, gc_dst, BT, mma)
         A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False) * \
             gates * beta_r[:, None]
-        Ai = _solve(A, d_s.index(0), ai_dst, d_s.index(1), BT, mma, False)  # ai_dst: L until Ai
+        Ai = _solve(A, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
 
     @gluon.jit
@@ -386,7 +391,8 @@ if GLUON_MISSING is None:
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         s_s = gl.allocate_shared_memory(dt, [2, BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], dt))
-        d_s = gl.allocate_shared_memory(dt, [2, BT, BT], tile)  # the prep's D and -M
+        d_s = (gl.allocate_shared_memory(dt, [BT, BT], tile),  # the prep's D and its block inverses' exchange
+               gl.allocate_shared_memory(gl.float16, [BT // 16, 16, 16], EXCHANGE_SHARED))
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
