@@ -726,7 +726,6 @@ class ChunkLayout:
     pair_indices: Tensor  # [NP, 2] int32
     pair_offsets: Tensor  # [N + 1] int32
     _walk_orders: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
-    _every_nth: dict[int, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, B: int, T: int, cu_seqlens: Tensor | None, device: torch.device | str) -> ChunkLayout:
@@ -772,17 +771,6 @@ class ChunkLayout:
             spans = [span for span in self.spans for _ in range(heads)]
             self._walk_orders[key] = WalkOrder.deal(spans, programs, self.seq_bounds.device)
         return self._walk_orders[key]
-
-    def every_nth(self, period: int) -> Tensor:
-        """[M, 2] int32 (sequence, chunk within it) of the whole chunks (CHUNK tokens within their sequence) that
-        start in every ``period``-th CHUNK tokens of the token axis (start // CHUNK % period == period - 1), as
-        ``chunk_specialized_sm90._precomputed`` picks them; built on the host on first use and kept."""
-        if period not in self._every_nth:
-            picked = [(n, c) for n, (s, e) in enumerate(self.spans) for c in range(0, (e - s) // CHUNK)
-                      if (s + c * CHUNK) // CHUNK % period == period - 1]
-            self._every_nth[period] = torch.tensor(picked, dtype=torch.int32,
-                                                   device=self.seq_bounds.device).reshape(-1, 2)
-        return self._every_nth[period]
 
     def blocks(self, span: int) -> tuple[int, Tensor, Tensor]:
         """(count, [count, 2] indices, [N + 1] offsets) of the blocks of ``span`` chunks (1 or 2)."""

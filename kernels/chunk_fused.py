@@ -41,9 +41,7 @@ one pair's prep overlaps another's walk. 1.02-1.27x there (1.05x at qwen3-next B
 sequences, dealt to its programs longest first, so fewer walks, or walks that leave SMs idle, lose. It also walks
 warm-up segments of 16 chunks or more (see SPECIALIZED_MIN_SEGMENT_CHUNKS; ``chunk.WarmUpWalks``), sized so that
 its programs take them evenly (``plan_segments``): 1.06-1.20x over the transposed walk there on qwen3-next B=1 and
-1.13-1.29x on long-prefill's rows (H100). Where its programs walk 192 chunks or more, the prep kernel computes every
-6th chunk's Ai beforehand, which the kernel's prep then leaves out (``plan_precompute``): 1.01-1.02x at qwen3-next
-B=1 T=65536 (H100).
+1.13-1.29x on long-prefill's rows (H100).
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -93,7 +91,7 @@ from .tuning import TunedKernel
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "GLUON_WALKS", "SPECIALIZED", "PipelineLayout", "fuse_output_default",
-           "output_span_default", "pipeline_default", "walk_default", "plan_walk", "plan_prep", "plan_precompute",
+           "output_span_default", "pipeline_default", "walk_default", "plan_walk", "plan_prep",
            "warm_up_default", "plan_segments", "describe"]
 
 # When the output pass folds into the state pass by default (fuse_output_default). The fused pass
@@ -498,18 +496,6 @@ SPECIALIZED_MIN_SEGMENT_CHUNKS = 16
 # a program, 128 of them; the even share: 248.2). Up to 128 until the forty-fourth session; of qwen3-next's and
 # long-prefill's rows only T=65536 takes a size over 128 now.
 SPECIALIZED_MAX_SEGMENT_CHUNKS = 256
-# Where its programs walk this many chunks or more, the prep kernel (chunk_prep_sm90) computes every
-# SPECIALIZED_PRE_EVERY-th chunk's Ai beforehand, and the prep warpgroup, which sets the kernel's pace, leaves those
-# chunks' solves out (``plan_precompute``). The kernel gains less than the solves it sheds (with every second chunk's
-# Ai beforehand, about 3.45 us a chunk where it was 4.0 at B=4 T=8192: a solve costs the SM's shared throughput
-# whoever waits for it), and the prep kernel's time comes first, so it pays only on long programs. H100,
-# forty-fourth session (the default -> every 2nd / 3rd / 4th / 6th chunk's Ai beforehand, us): qwen3-next B=1
-# T=65536 (252 chunks a program, in segments of 125 then) 1057.9 -> 1078.5 / 1039.4 / 1032.9 / 1034.3, on another
-# machine 1029.2 -> - / 1028.9 / 1021.1 / 1016.7, in segments of 249 on a third 1018.9 -> - / - / 1014.7 / 1006.9
-# (every 8th: 1010.2); T=32768 (126) 520.3 -> 536.4 / 523.6 / 522.3 / 519.0; B=4 T=8192 (128) 522.0 -> 527.8 /
-# 521.2 / 522.4 / 521.8; B=1 T=4096 (16) 84.6 -> 89.0-91.3; parity B=16 T=256 (4) 30.5 -> 38.0-39.6.
-SPECIALIZED_PRE_MIN_CHUNKS = 192
-SPECIALIZED_PRE_EVERY = 6
 
 
 def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
@@ -519,14 +505,6 @@ def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
     if segments is None:
         return layout.walk_order(HV, _specialized_programs(layout, HV, device))
     return segments.walks(HV, _specialized_programs(segments.layout, HV, device))
-
-
-def plan_precompute(layout: ChunkLayout, HV: int, device: torch.device, segments: SegmentLayout | None = None) -> int:
-    """Every how many chunks walk=SPECIALIZED has the prep kernel compute Ai beforehand by default
-    (SPECIALIZED_PRE_*; 0: none)."""
-    walks = _specialized_order(layout, HV, device, segments)
-    order = walks if segments is None else walks.order
-    return SPECIALIZED_PRE_EVERY if order.makespan >= SPECIALIZED_PRE_MIN_CHUNKS else 0
 
 
 def _specialized_programs(layout: ChunkLayout, HV: int, device: torch.device) -> int:
@@ -697,7 +675,6 @@ def chunk_fused_gdn(
     pipeline: PipelineLayout | None = None,
     walk: str | None = None,
     prep: str | None = None,
-    pre_every: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
@@ -713,8 +690,7 @@ def chunk_fused_gdn(
     segments); or SPECIALIZED, the prep and the walk in one kernel (chunk_specialized_sm90: also over warm-up
     segments, no pipeline, prep None); None: the default (``plan_walk``). prep: "triton", or "sm90"
     for the Gluon prep kernel of chunk_prep_sm90 (Hopper; gates given, no in-kernel L2 norm); None: the default
-    (``plan_prep``). pre_every (walk=SPECIALIZED): the prep kernel computes the Ai of every pre_every-th chunk
-    beforehand (``ChunkLayout.every_nth``), 2 or more, 0 none; None: the default (``plan_precompute``).
+    (``plan_prep``).
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     HV, K, V = v.shape[2], q.shape[3], v.shape[3]
@@ -725,10 +701,6 @@ def chunk_fused_gdn(
         raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
     if pipeline is not None and walk == SPECIALIZED:
         raise ValueError(f"a pipeline overlaps separate prep and walk kernels, which walk={SPECIALIZED!r} has not")
-    if pre_every and walk != SPECIALIZED:
-        raise ValueError(f"pre_every leaves chunks out of walk={SPECIALIZED!r}'s prep, got walk={walk!r}")
-    if pre_every is not None and (pre_every < 0 or pre_every == 1):
-        raise ValueError(f"pre_every must be 0 or 2 or more, got {pre_every}")
     x = _setup(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
                out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
@@ -738,14 +710,9 @@ def chunk_fused_gdn(
     elif walk == SPECIALIZED:
         walks = _specialized_order(lay, HV, q.device, segments)
         order = walks if segments is None else walks.fill(x.g)
-        every = plan_precompute(lay, HV, q.device, segments) if pre_every is None else pre_every
-        if every and lay.every_nth(every).shape[0]:  # chunk_prep takes one chunk or more
-            chunk_prep_sm90.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, lay.seq_bounds, lay.every_nth(every), HV)
-        else:
-            every = 0
         chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
                                                  x.ws.final_state if output_final_state else None, order, x.scale,
-                                                 warm_up=segments is not None, ai=x.ws.Ai, ai_every=every)
+                                                 warm_up=segments is not None)
     else:
         _prep(x, lay, prep)
         if walk in GLUON_WALKS:
@@ -762,12 +729,10 @@ def _output_kernel(span: int):
     return _output_span2_kernel if span == 2 else _chunk_output_kernel
 
 
-def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", prep: str = "triton",
-             pre_every: int = 0) -> str:
+def describe(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", prep: str = "triton") -> str:
     """The prep, state (and output) pass configs of the latest launch, for a result row's path."""
     if walk == SPECIALIZED:
-        return chunk_specialized_sm90.describe() + (
-            f", the Ai of one chunk in {pre_every} beforehand by the {chunk_prep_sm90.describe()}" if pre_every else "")
+        return chunk_specialized_sm90.describe()
     prep_str = chunk_prep_sm90.describe() if prep == "sm90" else f"prep[{_config_str(_chunk_prep_kernel)}]"
     if walk in GLUON_WALKS:
         return f"{prep_str}, {GLUON_WALKS[walk].describe()}"

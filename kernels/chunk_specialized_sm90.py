@@ -11,8 +11,7 @@ and its four warpgroups overlap them:
     chunks ahead as the stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
     inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
-    (whose gates are A's), into shared memory, one chunk ahead of the walkers; or (PRE_EVERY) only the scores of
-    every PRE_EVERY-th chunk, whose Ai the prep kernel computed beforehand and the loader brings by TMA;
+    (whose gates are A's), into shared memory, one chunk ahead of the walkers;
   - two walker warpgroups (value columns 0-63 and 64-127) each keep S^T [64, K] in registers and run
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
@@ -47,15 +46,14 @@ from A's gates (one exp a chunk where there were two), 1.02-1.04x. Forty-second 
 tile instead of S^T's, and the next chunk's S^T stored before it (no longer waiting for its copy), 1.036x at B=4
 T=8192. Forty-third session: warm-up segments, where the two-kernel path ran the prep kernel and the transposed walk
 over them: 1.06-1.20x on qwen3-next B=1 (T=65536: 1.149 x 1.039 in two A/Bs chained, H100; 1019 us on an H200).
-Forty-fourth session: every PRE_EVERY-th chunk's Ai from the prep kernel, beforehand (``chunk_fused.plan_precompute``):
-the prep warpgroup, the pace, sheds their solves, but the kernel gains less than they cost it (a solve takes the SM's
-shared throughput whoever waits; a third stage did not help), and the prep kernel's time comes first: 1.01-1.02x at
-qwen3-next B=1 T=65536, a loss on shorter programs (H100 and H200; BENCHMARKS.md, forty-fourth session).
-Forty-fifth session: the solve in ``chunk_prep_sm90``'s form, D - (D L) D from the 32 x 32 blocks in two products of
-K = 32, where it took (I - M + M^2 - M^3) D from the 16 x 16 blocks in four of K = 64 (the exchange of the block
-inverses that this costs did not pay while the products took all of K): 1.03-1.10x on every row the kernel serves but
-parity's shortest, whose walks are one or two chunks (H100). The prep's wgmmas queue on the tensor cores behind the
-walkers', so that its few dependent products cost more than their work.
+Forty-fourth session: every 6th chunk's Ai from the prep kernel, beforehand, which the prep warpgroup then left out:
+1.01-1.02x at qwen3-next B=1 T=65536, a loss on shorter programs (H100 and H200); dropped in the forty-fifth, where it
+lost 7% at T=65536 to the cheaper solve. Forty-fifth session: the solve in ``chunk_prep_sm90``'s form, D - (D L) D from
+the 32 x 32 blocks in two products of K = 32, where it took (I - M + M^2 - M^3) D from the 16 x 16 blocks in four of
+K = 64 (the block inverses' exchange this costs had not paid while the products took all of K): 1.03-1.10x on the
+rows it serves with two chunks a walk or more, level on parity B=64 T=64 (H100; BENCHMARKS.md, forty-fifth session).
+What the prep's dependent wgmmas cost goes with their count and size, not with its instruction count: a tenth fewer
+of those (a hoisted mask that ptxas rebuilt bit by bit every chunk) gained 0.5%.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -121,25 +119,22 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _loader_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                           BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
-                          USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
-                          PRE_EVERY: gl.constexpr):
+                          USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
         cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates, pre = args
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch
-        it = _load_walk(args, 0, gl.to_tensor(0), H, HV, K, BT, BV, NA, NC, NG, PRE_EVERY)
+        it = _load_walk(args, 0, gl.to_tensor(0), H, HV, K, BT, BV, NA, NG)
         for w in range(1, _my_walks(order)):
-            it = _load_walk(args, w, it, H, HV, K, BT, BV, NA, NC, NG, PRE_EVERY)
+            it = _load_walk(args, w, it, H, HV, K, BT, BV, NA, NG)
 
     @gluon.jit
     def _load_walk(args, w, it, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
-                   BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, PRE_EVERY: gl.constexpr):
-        """The loader's part of this program's walk w, from its chunk ``it`` on; returns the chunk after its last.
-        A chunk whose Ai was computed beforehand (``_precomputed``) has it loaded into its stage once the walkers
-        are done with the stage, after its gates are handed on."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates, pre = args
+                   BV: gl.constexpr, NA: gl.constexpr, NG: gl.constexpr):
+        """The loader's part of this program's walk w, from its chunk ``it`` on; returns the chunk after its last."""
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
@@ -169,105 +164,56 @@ if GLUON_MISSING is None:
             gate_s.index(2 * gs + 1).store(b_t)
             cta_barrier()  # every thread's stores are done before the one arrival
             mbarrier.arrive(g_ready.index(gs), count=1)
-            if PRE_EVERY > 0:
-                if _precomputed(tok, eos, BT, PRE_EVERY):
-                    ai_s, p_s, gc_s, c_ready, c_free = made
-                    ai_desc, ai_ready = pre
-                    mbarrier.wait(c_free.index(it % NC), ((it // NC) & 1) ^ 1)
-                    mbarrier.expect(ai_ready.index(0), ai_desc.block_type.nbytes)
-                    tma_load(ai_desc, [tok, i_h * BT], ai_ready.index(0), ai_s.index(it % NC))
             it += 1
         return it
 
     @gluon.jit
-    def _precomputed(tok, eos, BT: gl.constexpr, PRE_EVERY: gl.constexpr):
-        """Whether the chunk from token tok (its sequence's tokens end at eos) has its Ai computed beforehand by
-        ``chunk_prep_sm90`` (``ChunkLayout.every_nth``'s chunks): every PRE_EVERY-th chunk of the token axis, if
-        whole (a short last chunk's Ai rows past the end would be the next sequence's)."""
-        return ((tok // BT) % PRE_EVERY == PRE_EVERY - 1) & (tok + BT <= eos)
+    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
+        """gc, Ai and P of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g
+        its gates; d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``).
 
-    @gluon.jit
-    def _scores(gc_g, beta_g, k_cur, q_cur, p_dst, gc_dst, BT: gl.constexpr, mma: gl.constexpr):
-        """P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j into p_dst, which the walkers read as P^T, and gc into
-        gc_dst; returns the gates exp(gc_r - gc_c) over the whole tile (above the diagonal they may overflow, where
-        the solve never reads A and P is 0), which are A's too, so that one exp serves both (BENCHMARKS.md,
-        forty-first session), and beta_g's rows (loaded here, in the order ptxas scheduled best)."""
+        P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
+        are A's, exp(gc_r - gc_c) over the whole tile (above the diagonal they may overflow, where the solve never
+        reads A and P is 0), so one exp serves both (BENCHMARKS.md, forty-first session)."""
+        dt: gl.constexpr = k_cur.dtype
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gc_r = gc_g.load(gl.SliceLayout(1, mma))
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         beta_r = beta_g.load(gl.SliceLayout(1, mma))
         gc_dst.store(gc_c)
+        zero = gl.zeros([BT, BT], gl.float32, mma)
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
-        # Q K^T, then K K^T (``_prep_chunk``), each waited for: with both in flight beside the gates the prep
-        # spilled 15 registers
-        QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
+        # Q K^T, then K K^T, each waited for: with both in flight beside the gates the prep spilled 15 registers
+        QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), zero, use_acc=False)
         gates = exp(gc_r[:, None] - gc_c[None, :])
-        p_dst.store(gl.where(r[:, None] >= c[None, :], QK * gates, 0.0).to(k_cur.dtype))
-        return gates, beta_r
-
-    @gluon.jit
-    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
-        """gc, Ai and P (``_scores``) of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles,
-        gc_g and beta_g its gates; d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``)."""
-        dt: gl.constexpr = k_cur.dtype
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        gates, beta_r = _scores(gc_g, beta_g, k_cur, q_cur, p_dst, gc_dst, BT, mma)
-        A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), gl.zeros([BT, BT], gl.float32, mma), use_acc=False) * \
-            gates * beta_r[:, None]
+        p_dst.store(gl.where(r[:, None] >= c[None, :], QK * gates, 0.0).to(dt))
+        A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]
         Ai = _solve(A, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
-
-    @gluon.jit
-    def _prep_step(args, it, pre_chunk, pre_seen, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
-                   NG: gl.constexpr):
-        """The prep's chunk ``it``, whose Ai was computed beforehand if pre_chunk (``_precomputed``); pre_seen: how
-        many of this program's chunks before it were, returned counting this one."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates, pre = args
-        k_s, q_s, v_s, kq_ready, kq_free = ring
-        ai_s, p_s, gc_s, c_ready, c_free = made
-        gate_s, g_ready, g_free = gates
-        s = it % NA
-        cs = it % NC
-        gs = it % NG
-        mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
-        mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
-        mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-        if pre_chunk:
-            mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                          instr_shape=[16, BT, 16])
-            _scores(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s), p_s.index(cs),
-                    gc_s.index(cs), BT, mma)
-            mbarrier.wait(pre[1].index(0), pre_seen & 1)  # Ai, loaded by the loader (``_load_walk``)
-            pre_seen += 1
-        else:
-            _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
-                        ai_s.index(cs), p_s.index(cs), gc_s.index(cs), d_s, BT)
         fence_async_shared()
         cta_barrier()  # every thread's stores are done before the one arrival
-        mbarrier.arrive(c_ready.index(cs), count=1)
-        mbarrier.arrive(g_free.index(gs), count=1)
-        return pre_seen
 
     @gluon.jit
     def _prep_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
-                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
-                        PRE_EVERY: gl.constexpr):
-        """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers; where some
-        chunks' Ai were computed beforehand (PRE_EVERY), only their P^T and gc."""
-        order = args[11]
-        if PRE_EVERY > 0:  # which chunks those are takes their tokens: walk by walk
-            it = 0
-            pre_seen = gl.to_tensor(0)
-            for w in range(_my_walks(order)):
-                _, _, bos, _, eos, NT, _ = _walk_bounds(order, w, HV, BT)
-                for t in range(NT):
-                    pre_seen = _prep_step(args, it, _precomputed(bos + t * BT, eos, BT, PRE_EVERY), pre_seen,
-                                          BT, NA, NC, NG)
-                    it += 1
-        else:
-            for it in range(gl.load(order[2] + gl.program_id(0))):  # this program's chunks, whichever walks
-                _prep_step(args, it, False, 0, BT, NA, NC, NG)
+                        USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
+        """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        k_s, q_s, v_s, kq_ready, kq_free = ring
+        ai_s, p_s, gc_s, c_ready, c_free = made
+        gate_s, g_ready, g_free = gates
+        for it in range(gl.load(order[2] + gl.program_id(0))):  # this program's chunks, whichever walks they are of
+            s = it % NA
+            cs = it % NC
+            gs = it % NG
+            mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
+            mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
+            mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
+            _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
+                        ai_s.index(cs), p_s.index(cs), gc_s.index(cs), d_s, BT)
+            mbarrier.arrive(c_ready.index(cs), count=1)
+            mbarrier.arrive(g_free.index(gs), count=1)
 
     @gluon.jit
     def _store_state(S, s_s):
@@ -335,7 +281,7 @@ if GLUON_MISSING is None:
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
         (``chunk.WarmUpWalks``), which take h0 only where they reach their sequence's start, store ht only at its
         end and output from their first token on."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates, pre = args
+        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
@@ -375,12 +321,11 @@ if GLUON_MISSING is None:
         _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
-    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, ai_desc, o, g, beta, h0, ht, scale, order_counts,
-                            order_walks, order_chunks,
+    def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
+                            order_chunks,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                             USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
-                            PRE_EVERY: gl.constexpr,
                             WALK_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
         dt: gl.constexpr = q_desc.dtype
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
@@ -411,17 +356,13 @@ if GLUON_MISSING is None:
         for i in gl.static_range(NG):
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=1)
-        ai_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())  # a precomputed Ai's load
-        mbarrier.init(ai_ready.index(0), count=1)
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
-                (order_counts, order_walks, order_chunks), (gate_s, g_ready, g_free), (ai_desc, ai_ready))
+                (order_counts, order_walks, order_chunks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
                             (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
-                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP,
-                                               PRE_EVERY)),
-                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP,
-                                                 PRE_EVERY))],
+                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
+                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP))],
                            [4, 4, 4], [WALK_REGS, PREP_REGS, LOAD_REGS])
 
 
@@ -431,28 +372,19 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, order: WalkOrder, scale: float, warm_up: bool = False,
-                      ai: Tensor | None = None, ai_every: int = 0) -> None:
+                      ht: Tensor | None, order: WalkOrder, scale: float, warm_up: bool = False) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
     (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
     h) from h0 (fp32 [N, HV, K, V], or zero); warm_up: the walks are warm-up segments (``chunk.WarmUpWalks.fill``'s
-    order). ai_every 2 or more: the Ai of ``ChunkLayout.every_nth(ai_every)``'s chunks are in ai ([tokens, HV, 64],
-    ``chunk_prep_sm90.chunk_prep``'s) and the prep warpgroup leaves them out (one barrier serves their loads: the
-    loader re-arms it for the next such chunk once the walkers are done with the chunk two before it). q, k [B, T, H, 128], v, out
-    [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
-    if ai_every == 1:
-        raise ValueError("ai_every must be 0 or 2 or more: with every chunk's Ai loaded, the next load could land "
-                         "before the prep has seen the last one")
+    order). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
-             descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]),
-             descriptor(ai.view(tokens, HV * BT), [BT, BT]) if ai_every else None)
+             descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
         *descs, out, g, beta, h0, ht, scale, order.counts, order.walks, order.program_chunks, H=H, HV=HV, K=K, V=V,
         BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WARM_UP=warm_up,
-        PRE_EVERY=ai_every, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS,
-        maxnreg=MAX_REGS)
+        WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
 
 
 def describe() -> str:

@@ -53,11 +53,10 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-@pytest.mark.parametrize("dtype,h0,warm_up,pre_every", [("bf16", True, True, 4), ("fp16", False, False, 0)])
-def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, warm_up, pre_every):
+@pytest.mark.parametrize("dtype,h0,warm_up", [("bf16", True, True), ("fp16", False, False)])
+def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, warm_up):
     """Four warpgroups (two walkers, the prep, the loader) whose registers setmaxnreg splits, and shared memory for
-    one program per SM (227 KB on sm_90); over whole sequences and over warm-up segments, with and without chunks
-    whose Ai was computed beforehand."""
+    one program per SM (227 KB on sm_90); over whole sequences and over warm-up segments."""
     from gdnbench_kernels import chunk_specialized_sm90 as spec
     from gdnbench_kernels.gluon_hopper import GLUON_MISSING
 
@@ -69,10 +68,9 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
     const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, NG=spec.NG, USE_H0=h0,
                  STORE_HT=h0, WARM_UP=warm_up, WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS,
-                 LOAD_REGS=spec.LOAD_REGS, PRE_EVERY=pre_every, **({} if pre_every else {"ai_desc": None}))
+                 LOAD_REGS=spec.LOAD_REGS)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
-               **({"ai_desc": desc([64, 64])} if pre_every else {}), o=f"*{dtype}", g="*fp32", beta=f"*{dtype}",
-               h0="*fp32", ht="*fp32", scale="fp32", order_counts="*i32",
+               o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", scale="fp32", order_counts="*i32",
                order_walks="*i32", order_chunks="*i32", **{name: "constexpr" for name in const})
     compiled = compile_sm90(spec._specialized_kernel, sig, const, interpreted=False, num_warps=spec.WARPS,
                             maxnreg=spec.MAX_REGS)
@@ -235,42 +233,6 @@ def test_specialized_kernel_only_where_its_programs_stay_busy(lengths, walk, mon
     assert chunk_fused.walk_default(layout, torch.empty(1, sum(lengths), 4, 128), 128, 4, False) == walk
 
 
-def test_every_nth_picks_whole_chunks_on_the_token_axis():
-    """ChunkLayout.every_nth(2) (the chunks whose Ai the prep kernel computes beforehand): those starting in every
-    second 64 tokens of the token axis, as the kernel's loader and prep pick them from their tokens, whole chunks
-    only, whatever the sequences' starts."""
-    from gdnbench_kernels import chunk
-
-    layout = chunk.ChunkLayout.build(1, 1000, torch.tensor([0, 640, 700, 1000]), "cpu")
-    # sequence 0: chunks at tokens 0, 64, .., 576; sequence 1's one chunk (640) is short; sequence 2's at 700
-    # (token chunk 10), 764 (11), 828 (12), 892 (13), 956 (14, short)
-    assert layout.every_nth(2).tolist() == [[0, 1], [0, 3], [0, 5], [0, 7], [0, 9], [2, 1], [2, 3]]
-    assert layout.every_nth(3).tolist() == [[0, 2], [0, 5], [0, 8], [2, 1]]
-
-
-@pytest.mark.parametrize("B,T,segment_chunks,precomputed", [(1, 65536, 249, True), (1, 32768, 125, False),
-                                                             (4, 8192, None, False)])
-def test_precomputed_ai_only_on_long_programs(B, T, segment_chunks, precomputed, monkeypatch):
-    """plan_precompute (qwen3-next's heads on a faked H100, over the warm-up segments plan_segments picks there, or
-    whole sequences): the prep kernel computes some chunks' Ai beforehand only where the warp-specialized kernel's
-    programs walk SPECIALIZED_PRE_MIN_CHUNKS or more (249, 125 and 128 chunks here, warm-ups left out); pre_every on any other walk
-    is an error, and so is 1."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
-
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
-    monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda *a: None)
-    layout = chunk.ChunkLayout.build(B, T, None, "cpu")
-    segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up=True) if segment_chunks else None
-    want = chunk_fused.SPECIALIZED_PRE_EVERY if precomputed else 0
-    assert chunk_fused.plan_precompute(layout, 32, torch.device("cpu"), segments) == want
-    gen = torch.Generator().manual_seed(3)
-    kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
-    with pytest.raises(ValueError, match="pre_every leaves chunks out"):
-        chunk_fused.chunk_fused_gdn(**kw, walk="triton", pre_every=2)
-    with pytest.raises(ValueError, match="pre_every must be 0 or 2 or more"):
-        chunk_fused.chunk_fused_gdn(**kw, walk="sm90_specialized", pre_every=1)
-
-
 def test_plan_walk_keeps_an_explicit_output_pass_on_the_triton_walk(monkeypatch):
     """plan_walk where the Gluon walk is the default (qwen3-next B=1 on a faked H100): asking for the output
     pass on its own (the sweeps that force the Triton kernels' configs do) gets the Triton walk, not the Gluon
@@ -336,11 +298,8 @@ GPU_CASES = [
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype,seqs,H,HV,h0,final", GPU_CASES)
-@pytest.mark.parametrize("gluon_walk,pre_every", [("sm90", None), ("sm90_transposed", None), ("sm90_specialized", 0),
-                                                  ("sm90_specialized", 2)])
-def test_sm90_walk_under_graph_replay(gluon_walk, pre_every, dtype, seqs, H, HV, h0, final):
-    """Each Gluon walk (the warp-specialized kernel also with every second chunk's Ai from the prep kernel, pre_every
-    2) against the Triton walk and the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs."""
+@pytest.mark.parametrize("gluon_walk", ["sm90", "sm90_transposed", "sm90_specialized"])
+def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final):
     from gdnbench_kernels import chunk, chunk_fused
 
     dev = torch.device("cuda")
@@ -363,8 +322,7 @@ def test_sm90_walk_under_graph_replay(gluon_walk, pre_every, dtype, seqs, H, HV,
 
         def call() -> None:
             chunk_fused.chunk_fused_gdn(**kw, output_final_state=final, layout=layout, workspace=ws, out=out,
-                                        fuse_output=True, walk=walk,
-                                        pre_every=pre_every if walk == gluon_walk else None)
+                                        fuse_output=True, walk=walk)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))
@@ -389,13 +347,12 @@ def test_sm90_walk_under_graph_replay(gluon_walk, pre_every, dtype, seqs, H, HV,
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("gate_norm", [1.0, 10.0])  # strong decay: warm-ups of a chunk; weak: back to the start
-@pytest.mark.parametrize("gluon_walk,pre_every", [("sm90_transposed", None), ("sm90_specialized", 0),
-                                                  ("sm90_specialized", 3)])
-def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, pre_every, gate_norm):
-    """The transposed Gluon walk and the warp-specialized kernel (pre_every 3: every third chunk's Ai from the prep
-    kernel) over warm-up segments of 4 chunks (outputs and final states; h0 only where a warm-up reaches its
-    sequence's start) against the Triton walk over the same segments and against the fp64 recurrence, replayed from
-    a CUDA graph on NaN-poisoned outputs. Unequal sequences, one empty."""
+@pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
+def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm):
+    """The transposed Gluon walk and the warp-specialized kernel over warm-up segments of 4 chunks (outputs and
+    final states; h0 only where a warm-up reaches its sequence's start) against the Triton walk over the same
+    segments and against the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal
+    sequences, one empty."""
     from gdnbench_kernels import chunk, chunk_fused
 
     dev = torch.device("cuda")
@@ -416,8 +373,7 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, pre_every, ga
 
         def call() -> None:
             chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=True, segments=segments, walk=walk,
-                                        pre_every=pre_every if walk == gluon_walk else None)
+                                        fuse_output=True, segments=segments, walk=walk)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))

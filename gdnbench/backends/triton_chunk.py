@@ -103,10 +103,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
-    pre_every = (chunk_fused.plan_precompute(layout, case.HV, p.device, segments)
-                 if walk == chunk_fused.SPECIALIZED else 0)
-    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk, prep=prep,
-                                     pre_every=pre_every) if fused
+    describe = (chunk_fused.describe(fuse_output=fuse_output, output_span=span, walk=walk, prep=prep) if fused
                 else chunk.describe(fuse_output=False))
     notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
     if raw:
