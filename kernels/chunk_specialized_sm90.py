@@ -50,10 +50,11 @@ Forty-fourth session: every 6th chunk's Ai from the prep kernel, beforehand, whi
 1.01-1.02x at qwen3-next B=1 T=65536, a loss on shorter programs (H100 and H200); dropped in the forty-fifth, where it
 lost 7% at T=65536 to the cheaper solve. Forty-fifth session: the solve in ``chunk_prep_sm90``'s form, D - (D L) D from
 the 32 x 32 blocks in two products of K = 32, where it took (I - M + M^2 - M^3) D from the 16 x 16 blocks in four of
-K = 64 (the block inverses' exchange this costs had not paid while the products took all of K): 1.03-1.10x on the
-rows it serves with two chunks a walk or more, level on parity B=64 T=64 (H100; BENCHMARKS.md, forty-fifth session).
-What the prep's dependent wgmmas cost goes with their count and size, not with its instruction count: a tenth fewer
-of those (a hoisted mask that ptxas rebuilt bit by bit every chunk) gained 0.5%.
+K = 64 (the block inverses' exchange this costs had not paid while the products took all of K); and the scores' mask
+kept in the prep's loop (``gluon_hopper.unhoisted``): hoisted, ptxas rebuilt it bit by bit every chunk, a chain of
+about 100 dependent instructions, 8% of the prep's loop. Together 1.03-1.10x on the rows it serves with two chunks a
+walk or more, level on parity B=64 T=64 (H100; BENCHMARKS.md, forty-fifth session). The mask alone had gained 0.5%
+over the old solve, 2-7% over the new one.
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -74,7 +75,7 @@ if GLUON_MISSING is None:
     from .chunk_prep_sm90 import EXCHANGE_SHARED, _solve
     from .chunk_walk_transposed_sm90 import _state_offsets, _store_output
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
-                               tma_store, warpgroup_mma, warpgroup_mma_wait)
+                               tma_store, unhoisted, warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["chunk_specialized", "unsupported", "describe"]
 
@@ -187,7 +188,7 @@ if GLUON_MISSING is None:
         # Q K^T, then K K^T, each waited for: with both in flight beside the gates the prep spilled 15 registers
         QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), zero, use_acc=False)
         gates = exp(gc_r[:, None] - gc_c[None, :])
-        p_dst.store(gl.where(r[:, None] >= c[None, :], QK * gates, 0.0).to(dt))
+        p_dst.store(gl.where(r[:, None] >= unhoisted(c)[None, :], QK * gates, 0.0).to(dt))
         A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]
         Ai = _solve(A, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))

@@ -22,7 +22,7 @@ else:
     GLUON_MISSING = None
 
 __all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "mma_v2", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "descriptor",
+           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "unhoisted", "descriptor",
            "sm_count", "unsupported_inputs"]
 
 if GLUON_MISSING is None:
@@ -36,6 +36,14 @@ if GLUON_MISSING is None:
         """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
         return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
                                          dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def unhoisted(x):
+        """int32 x through an asm the compiler may not move, so that a mask built from it stays in the loop that
+        uses it: a mask of loop-invariant indices is hoisted out of the loop, and ptxas, short of predicate
+        registers, rebuilds it bit by bit every iteration, a chain of about 100 dependent instructions
+        (chunk_specialized_sm90's prep, BENCHMARKS.md, forty-fifth session)."""
+        return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @functools.cache
