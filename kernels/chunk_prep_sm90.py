@@ -60,10 +60,8 @@ PROGRAMS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 
 if GLUON_MISSING is None:
-    # the block inverses' exchange between warps, [b, i, k] (``_block_inverses``)
-    EXCHANGE = gl.constexpr(gl.BlockedLayout([1, 1, 2], [1, 16, 2], [4, 1, 1], [2, 1, 0]))
-    EXCHANGE_SHARED = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
-    PAIRS = gl.constexpr(gl.BlockedLayout([1, 1, 1, 2], [1, 16, 2, 1], [2, 1, 2, 1], [3, 2, 1, 0]))
+    # the block inverses' exchange between warps, [BT, 16]: Y_b in rows 16 b to 16 b + 15 (``_block_inverses``)
+    EXCHANGE_SHARED = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
 
     @gluon.jit
     def _half(x, operand: gl.constexpr):
@@ -80,7 +78,10 @@ if GLUON_MISSING is None:
         registers: with Y the inverses of the s x s blocks and L the part of N_b below them within the 2s x 2s
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
         products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the block below
-        the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}), two products more. Forward substitution through shared
+        the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}): every warp loads Y_0 and Y_2 as B operands (the same in every
+        warp along M) and computes A_{b,b-1} Y_0 and A_{b,b-1} Y_2, so that no layout conversion passes through shared
+        memory (one barrier, where the exchange into a per-warp layout took four: 1.02-1.03x on qwen3-next, H100,
+        BENCHMARKS.md, forty-fifth session). Forward substitution through shared
         memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8) is
         half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
         A3 = gl.reshape(A, [BT, BT // 16, 16])  # the blocks picked out of each thread's registers: mma's column
@@ -101,16 +102,19 @@ if GLUON_MISSING is None:
             YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
         Yd = gl.expand_dims(gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
-        x_s.store(Y.to(gl.float16))
+        x_s.store(gl.reshape(Y, [BT, 16]).to(gl.float16))
         left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
-        A_left = gl.convert_layout(gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
-        cta_barrier()  # Y_{b-1} was stored by warp b - 1
-        pairs = gl.convert_layout(gl.permute(gl.reshape(x_s.load(EXCHANGE), [BT // 32, 2, 16, 16]), (0, 2, 3, 1)),
-                                  PAIRS)
-        even, _ = gl.split(pairs)  # Y_0, Y_2
-        # Y_0, Y_0, Y_2, Y_2
-        Y_prev = gl.reshape(gl.permute(gl.join(even, even), (0, 3, 1, 2)), [BT // 16, 16, 16])
-        AY = mma_v2(_half(A_left, a_op), gl.convert_layout(Y_prev, b_op), zero)  # even b: not used
+        A_left = gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT, 16])  # A_{b,b-1}
+        flat: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
+        a_flat: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=flat, k_width=2)
+        b_flat: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=flat, k_width=2)
+        A_left = _half(A_left, a_flat)
+        zero_flat = gl.zeros([BT, 16], gl.float32, flat)
+        cta_barrier()  # Y_0 and Y_2 were stored by warps 0 and 2
+        AY0 = mma_v2(A_left, x_s.slice(0, 16, dim=0).load(b_flat), zero_flat)
+        AY2 = mma_v2(A_left, x_s.slice(BT // 2, 16, dim=0).load(b_flat), zero_flat)
+        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, flat))
+        AY = gl.reshape(gl.where((rows < BT // 2)[:, None], AY0, AY2), [BT // 16, 16, 16])  # even b: not used
         X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
         Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
         odd = ((ridx // 16) % 2 == 1)[:, None, None]
@@ -153,7 +157,7 @@ if GLUON_MISSING is None:
         """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
         is read); Ai is it times diag(beta), which the callers apply (beta's columns need not stay in registers
         through the solve). d_s and l_s: [BT, BT] tiles for D and L; x_s: the block inverses' exchange buffer (fp16
-        [BT // 16, 16, 16], EXCHANGE_SHARED); wgmma operands are rounded to d_s's dtype.
+        [BT, 16], EXCHANGE_SHARED); wgmma operands are rounded to d_s's dtype.
 
         With D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``) and L =
         A's block below them, (I + A)^-1 = D - (D L) D in two wgmma products, each of K = BT / 2: L's first BT / 2
@@ -196,7 +200,7 @@ if GLUON_MISSING is None:
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
-        x_s = gl.allocate_shared_memory(gl.float16, [BT // 16, 16, 16], EXCHANGE_SHARED)  # the solve's scratch
+        x_s = gl.allocate_shared_memory(gl.float16, [BT, 16], EXCHANGE_SHARED)  # the solve's scratch
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(2):
             mbarrier.init(bars.index(b), count=1)

@@ -338,7 +338,7 @@ if GLUON_MISSING is None:
         gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         s_s = gl.allocate_shared_memory(dt, [2, BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], dt))
         d_s = (gl.allocate_shared_memory(dt, [BT, BT], tile),  # the prep's D and its block inverses' exchange
-               gl.allocate_shared_memory(gl.float16, [BT // 16, 16, 16], EXCHANGE_SHARED))
+               gl.allocate_shared_memory(gl.float16, [BT, 16], EXCHANGE_SHARED))
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
