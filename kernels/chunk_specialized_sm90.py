@@ -52,9 +52,10 @@ lost 7% at T=65536 to the cheaper solve. Forty-fifth session: the solve in ``chu
 the 32 x 32 blocks in two products of K = 32, where it took (I - M + M^2 - M^3) D from the 16 x 16 blocks in four of
 K = 64 (the block inverses' exchange this costs had not paid while the products took all of K); and the scores' mask
 kept in the prep's loop (``gluon_hopper.unhoisted``): hoisted, ptxas rebuilt it bit by bit every chunk, a chain of
-about 100 dependent instructions, 8% of the prep's loop. Together 1.03-1.10x on the rows it serves with two chunks a
-walk or more, level on parity B=64 T=64 (H100; BENCHMARKS.md, forty-fifth session). The mask alone had gained 0.5%
-over the old solve, 2-7% over the new one.
+about 100 dependent instructions, 8% of the prep's loop (alone 0.5% over the old solve, 2-7% over the new one).
+Together 1.08-1.11x on qwen3-next and 1.04-1.07x on parity's rows of two chunks a walk or more, level on B=64 T=64;
+the block inverses' exchange without layout conversions through shared memory 1.01-1.02x more (H100, revision A/Bs;
+H200: qwen3-next B=1 T=65536 0.904 ms; BENCHMARKS.md, forty-fifth session).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
