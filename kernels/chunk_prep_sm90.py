@@ -79,11 +79,11 @@ if GLUON_MISSING is None:
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
         products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the block below
         the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}): every warp loads Y_0 and Y_2 as B operands (the same in every
-        warp along M) and computes A_{b,b-1} Y_0 and A_{b,b-1} Y_2, so that no layout conversion passes through shared
-        memory (one barrier, where the exchange into a per-warp layout took four: 1.02-1.03x on qwen3-next, H100,
-        BENCHMARKS.md, forty-fifth session). Forward substitution through shared
-        memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8) is
-        half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
+        warp along M) and computes A_{b,b-1} Y_0 and A_{b,b-1} Y_2, so that no layout conversion passes through
+        shared memory (one barrier, where the exchange into a per-warp layout took four: 1.01-1.02x on qwen3-next,
+        H100; BENCHMARKS.md, forty-fifth session). Forward substitution through shared memory read a column of A_b
+        at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8) is half as deep but lost
+        accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
         A3 = gl.reshape(A, [BT, BT // 16, 16])  # the blocks picked out of each thread's registers: mma's column
         L3A: gl.constexpr = A3.type.layout  # blocks are register bits
         bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
@@ -163,7 +163,7 @@ if GLUON_MISSING is None:
         A's block below them, (I + A)^-1 = D - (D L) D in two wgmma products, each of K = BT / 2: L's first BT / 2
         rows and D L's last BT / 2 columns are 0. Those halves left out, the warp-specialized kernel, which computed
         (I - M + M^2 - M^3) D with M = D L from the 16 x 16 blocks in four products of K = BT, went 1.03-1.10x
-        faster (BENCHMARKS.md, forty-fifth session): its prep's wgmmas share the tensor cores with the walkers'."""
+        faster; over full K, D - (D L) D had measured 0.92-1.04x there (BENCHMARKS.md, forty-fifth session)."""
         dt: gl.constexpr = d_s.dtype
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)

@@ -17,9 +17,9 @@ and its four warpgroups overlap them:
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
 Shared memory (227 KB, one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two
-(the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange; each walker's S^T in bf16, for (K S)^T and (Q S)^T.
-The output leaves by TMA through the walker's half of the chunk's v tile, once read. Registers: setmaxnreg gives
-the walkers 176 each, the prep 136 and the loader 24.
+(the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange; each walker's S^T in
+bf16, for (K S)^T and (Q S)^T. The output leaves by TMA through the walker's half of the chunk's v tile, once read.
+Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
 walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two; 0.86x at
