@@ -226,13 +226,21 @@ if GLUON_MISSING is None:
         fence_async_shared()
 
     @gluon.jit
-    def _walk_chunk(it, tok, first, eos, S, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
+    def _release_last_stage(it, kq_free, NA: gl.constexpr):
+        """The stage of this program's chunk before ``it`` back to the loader, once its output has left its v tile."""
+        if it > 0:
+            tma.store_wait(pendings=0)
+            cta_barrier()
+            mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
+
+    @gluon.jit
+    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
                     NC: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
         tok is before the walk's first output token (a warm-up chunk, ``chunk.WarmUpWalks``). s_s: this walker's
         [BV, K] tile for S^T, which holds this chunk's S^T on entry and the next one's on return (``_store_state``, not
-        after a walk's last chunk). Returns S."""
+        after a walk's last chunk); fresh: S is 0, so (K S)^T and (Q S)^T are too. Returns S."""
         k_s, q_s, v_s, kq_ready, kq_free = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         dt: gl.constexpr = k_s.dtype
@@ -244,13 +252,15 @@ if GLUON_MISSING is None:
         zero = gl.zeros([BV, BT], gl.float32, mma)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)  # S^T is in s_s (``_store_state``)
         k_cur = k_s.index(s)
-        KS = warpgroup_mma(s_s, k_cur.permute((1, 0)), zero, use_acc=False, is_async=True)
-        QS = warpgroup_mma(s_s, q_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if it > 0:  # the last chunk's output has left its v tile (below) while these run: its stage goes back
-            tma.store_wait(pendings=0)
-            cta_barrier()
-            mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
-        KS, QS = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS))
+        if fresh:
+            _release_last_stage(it, kq_free, NA)
+            KS = zero
+            QS = zero
+        else:
+            KS = warpgroup_mma(s_s, k_cur.permute((1, 0)), zero, use_acc=False, is_async=True)
+            QS = warpgroup_mma(s_s, q_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            _release_last_stage(it, kq_free, NA)  # while these run
+            KS, QS = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS))
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         gc_c = gc_s.index(cs).load(gl.SliceLayout(0, mma))  # past the end: the last token's
         gc_last = gl.sum(gl.where(c == BT - 1, gc_c, 0.0), axis=0)
@@ -302,8 +312,12 @@ if GLUON_MISSING is None:
             _store_state(S, s_s.index(HALF))
             col_v = i_h * V + HALF * BV
             for t in range(NT):
-                S = _walk_chunk(it, bos + t * BT, first, eos, S, ring, made, s_s.index(HALF), o_desc, o, col_v, scale,
-                                HALF, HV, V, BT, BV, NA, NC, WARM_UP)
+                if WARM_UP:  # a segment that takes no h0 starts from S = 0
+                    fresh = (t == 0) & (not USE_H0 or not takes_h0)
+                else:  # so do whole walks without h0, but skipping their first products cost B=4 T=8192 3%
+                    fresh = False
+                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, s_s.index(HALF), o_desc, o, col_v,
+                                scale, HALF, HV, V, BT, BV, NA, NC, WARM_UP)
                 it += 1
             if STORE_HT:
                 if stores_ht:
