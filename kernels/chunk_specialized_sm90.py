@@ -54,8 +54,10 @@ K = 64 (the block inverses' exchange this costs had not paid while the products 
 kept in the prep's loop (``gluon_hopper.unhoisted``): hoisted, ptxas rebuilt it bit by bit every chunk, a chain of
 about 100 dependent instructions, 8% of the prep's loop (alone 0.5% over the old solve, 2-7% over the new one).
 Together 1.08-1.11x on qwen3-next and 1.04-1.07x on parity's rows of two chunks a walk or more, level on B=64 T=64;
-the block inverses' exchange without layout conversions through shared memory 1.01-1.02x more (H100, revision A/Bs;
-H200: qwen3-next B=1 T=65536 0.904 ms; BENCHMARKS.md, forty-fifth session).
+the block inverses' exchange without layout conversions through shared memory 1.01-1.02x more; a warm-up segment's
+first chunk without h0 skipping (K S)^T and (Q S)^T, which are 0, 1.02-1.04x on qwen3-next B=1 (whole walks keep
+them: skipped there, B=4 T=8192 lost 3%) (H100, side by side; H200: B=1 T=65536 0.887 ms; BENCHMARKS.md,
+forty-fifth session).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
