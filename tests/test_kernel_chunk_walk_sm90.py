@@ -348,10 +348,11 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("gate_norm", [1.0, 10.0])  # strong decay: warm-ups of a chunk; weak: back to the start
 @pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
-def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm):
+@pytest.mark.parametrize("h0", [True, False])  # without: every segment starts from S = 0
+def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0):
     """The transposed Gluon walk and the warp-specialized kernel over warm-up segments of 4 chunks (outputs and
-    final states; h0 only where a warm-up reaches its sequence's start) against the Triton walk over the same
-    segments and against the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal
+    final states; h0, if given, only where a warm-up reaches its sequence's start) against the Triton walk over the
+    same segments and against the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal
     sequences, one empty."""
     from gdnbench_kernels import chunk, chunk_fused
 
@@ -360,7 +361,7 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm):
     gen = torch.Generator().manual_seed(int(gate_norm))
     kw, N = kernel_inputs(gen, B=1, T=sum(seqs), H=H, HV=HV, K=128, V=128, dtype="bf16", seqs=seqs, raw=False,
                           l2=False, gate_norm=gate_norm)
-    kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen)
+    kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen) if h0 else None
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
     segments = chunk.SegmentLayout.build(layout, 4, warm_up=True)
@@ -388,4 +389,5 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm):
     for got, ref, tol in ((o, o_ref, 1e-2), (o, o_tri, near), (f, final_ref, 1e-2), (f, f_tri, near)):
         assert torch.isfinite(got).all()
         assert ((got - ref).norm() / ref.norm()).item() < tol
-    assert torch.equal(f[1], cpu["initial_state"][1].double())  # the empty sequence keeps its initial state
+    empty = cpu["initial_state"][1].double() if h0 else torch.zeros_like(f[1])
+    assert torch.equal(f[1], empty)  # the empty sequence keeps its initial state
