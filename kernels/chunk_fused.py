@@ -507,6 +507,12 @@ def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
     return segments.walks(HV, _specialized_programs(segments.layout, HV, device))
 
 
+def _specialized_segments(chunks: int, q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> bool:
+    """Whether warm-up segments of ``chunks`` chunks go to walk=SPECIALIZED by default."""
+    return chunks >= SPECIALIZED_MIN_SEGMENT_CHUNKS and chunk_specialized_sm90.unsupported(q, V, raw_gate,
+                                                                                         qk_l2norm) is None
+
+
 def _specialized_programs(layout: ChunkLayout, HV: int, device: torch.device) -> int:
     """walk=SPECIALIZED's programs for the walks of ``layout``: one per SM at most."""
     return max(min(layout.N * HV, sm_count(device)), 1)
@@ -566,8 +572,7 @@ def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bo
     with one chunk of warm-up (strong decay), its programs (one a SM) take with the least makespan, the smallest on a
     tie."""
     chunks = warm_up_default(layout, HV, V, q.device)
-    if chunks is None or chunks < SPECIALIZED_MIN_SEGMENT_CHUNKS or \
-            chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is not None:
+    if chunks is None or not _specialized_segments(chunks, q, V, raw_gate, qk_l2norm):
         return chunks
     lengths = [triton.cdiv(end - start, CHUNK) for start, end in layout.spans]
     programs = sm_count(q.device)
@@ -595,9 +600,7 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     if segments is not None:
         if not segments.warm_up:
             return "triton"
-        specialized = segments.chunks >= SPECIALIZED_MIN_SEGMENT_CHUNKS and \
-            chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None
-        return SPECIALIZED if specialized else "sm90_transposed"
+        return SPECIALIZED if _specialized_segments(segments.chunks, q, V, raw_gate, qk_l2norm) else "sm90_transposed"
     walks, sms, chunks = layout.N * HV, sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
