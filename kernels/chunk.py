@@ -100,8 +100,9 @@ from .inputs import check_inputs, output_buffer
 from .recurrent import _EPS, _cast, _softplus
 from .tuning import TunedKernel
 
-__all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "WarmUpWalks", "ChunkWorkspace", "CHUNK",
-           "INTERPRETED", "describe", "chunk_tier", "state_tier", "deal_longest_first"]
+__all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "ChunkWorkspace", "CHUNK",
+           "INTERPRETED", "describe", "chunk_tier", "state_tier", "deal_longest_first",
+           "warm_up_loads"]
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
@@ -119,9 +120,6 @@ _WARM_UP_LOG_DECAY: tl.constexpr = tl.constexpr(WARM_UP_LOG_DECAY)
 WALK_ROW = 5
 WALK_TAKES_H0 = 1
 WALK_STORES_HT = 2
-_WALK_ROW: tl.constexpr = tl.constexpr(WALK_ROW)
-_WALK_TAKES_H0: tl.constexpr = tl.constexpr(WALK_TAKES_H0)
-_WALK_STORES_HT: tl.constexpr = tl.constexpr(WALK_STORES_HT)
 
 
 # ---- device functions shared by both variants ---------------------------------------------------------
@@ -660,40 +658,6 @@ def _segment_scan_kernel(M, L, h0, seg_init, ht, seg_offsets, HV: tl.constexpr, 
         _store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V, b_s)
 
 
-@triton.jit
-def _warm_up_walks_kernel(dealt, rows, program_chunks, counts, seg_parent, parent_bounds, g, programs,
-                          HV: tl.constexpr, BT: tl.constexpr):
-    """Program p's rows of ``WarmUpWalks``: each segment it was dealt (walk s * HV + h in ``dealt``) as the walk of
-    its sequence n (n * HV + h) from where its warm-up starts, as many whole chunks back as their summed log decay
-    g needs to reach _WARM_UP_LOG_DECAY or the sequence's start (as the state pass's SEGMENT 3 reckons it from gc);
-    and p's chunks in all."""
-    p = tl.program_id(0)
-    t = tl.arange(0, BT)
-    total = 0
-    for i in range(tl.load(counts + p)):
-        row = (i * programs + p) * _WALK_ROW
-        seg_walk = tl.load(dealt + row)
-        first = tl.load(dealt + row + 2)
-        eos = tl.load(dealt + row + 3)
-        i_h = seg_walk % HV
-        i_n = tl.load(seg_parent + seg_walk // HV)
-        seq_bos = tl.load(parent_bounds + 2 * i_n).to(tl.int32)
-        seq_eos = tl.load(parent_bounds + 2 * i_n + 1).to(tl.int32)
-        bos = first
-        log_decay = 0.0
-        while (bos > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):  # the chunks before a segment are whole
-            bos -= BT
-            log_decay += tl.sum(tl.load(g + (bos + t).to(tl.int64) * HV + i_h).to(tl.float32))
-        tl.store(rows + row, i_n * HV + i_h)
-        tl.store(rows + row + 1, bos)
-        tl.store(rows + row + 2, first)
-        tl.store(rows + row + 3, eos)
-        tl.store(rows + row + 4, tl.where(bos == seq_bos, _WALK_TAKES_H0, 0) + tl.where(eos == seq_eos,
-                                                                                      _WALK_STORES_HT, 0))
-        total += tl.cdiv(eos - bos, BT)
-    tl.store(program_chunks + p, total)
-
-
 try:
     from triton.runtime.interpreter import InterpretedFunction as _Interpreted
 
@@ -768,8 +732,10 @@ class ChunkLayout:
         (``WalkOrder.deal``); built on the host on first use and kept, so that timed calls only read it."""
         key = heads, programs
         if key not in self._walk_orders:
-            spans = [span for span in self.spans for _ in range(heads)]
-            self._walk_orders[key] = WalkOrder.deal(spans, programs, self.seq_bounds.device)
+            rows = [(n * heads + h, start, start, end, WALK_TAKES_H0 | WALK_STORES_HT)
+                    for n, (start, end) in enumerate(self.spans) for h in range(heads)]
+            loads = [triton.cdiv(end - start, CHUNK) for _, start, _, end, _ in rows]
+            self._walk_orders[key] = WalkOrder.deal(rows, loads, programs, self.seq_bounds.device)
         return self._walk_orders[key]
 
     def blocks(self, span: int) -> tuple[int, Tensor, Tensor]:
@@ -797,41 +763,58 @@ def deal_longest_first(chunks: list[int], programs: int) -> tuple[list[list[int]
     return dealt, program_chunks
 
 
+def warm_up_loads(lengths: list[int], chunks: int) -> list[int]:
+    """The chunks each warm-up segment of ``chunks`` chunks, of sequences of ``lengths`` chunks, is expected to
+    walk: its own, and one of warm-up (strong decay) but on its sequence's first; in ``SegmentLayout.build``'s
+    order (an empty sequence keeps one empty segment)."""
+    return [min(chunks, n - first) + (first > 0) for n in lengths for first in range(0, n, chunks) or [0]]
+
+
 @dataclass(frozen=True)
 class WalkOrder:
     """Walks dealt to persistent programs that each take theirs in turn: program p walks counts[p] walks, its
-    i-th in row i * programs + p of ``walks``, program_chunks[p] chunks in all. A row holds its walk's bounds, so
-    that a program reads them in one round trip at the walk's start (a walk index, then its sequence's bounds, took
-    two, which cost 3-4% on walks of one to four chunks, H200), and a loop over a program's chunks reads nothing per
-    walk. Rows go round the programs so that a program finds its first walk's without reading its count first.
+    i-th in row i * programs + p of ``walks``, program_chunks[p] chunks in all (as dealt). A row holds its walk's
+    bounds, so that a program reads them in one round trip at the walk's start (a walk index, then its sequence's
+    bounds, took two, which cost 3-4% on walks of one to four chunks, H200). Rows go round the programs so that a
+    program finds its first walk's without reading its count first.
 
-    A row (WALK_ROW int32): the walk's index, its first token, the first token it outputs, its end, and flags
-    (WALK_TAKES_H0: it starts from its sequence's h0; WALK_STORES_HT: it ends with its final state). A whole
-    sequence outputs from its first token and has both flags; a warm-up segment (``WarmUpWalks``) starts earlier."""
+    A row (WALK_ROW int32): the walk's index (n * heads + h: sequence n, head h), its first token, the first token it
+    outputs, its end, and flags (WALK_TAKES_H0: it starts from its sequence's h0; WALK_STORES_HT: it ends with its
+    final state). A whole sequence outputs from its first token and has both flags. A warm-up segment
+    (``SegmentLayout.walks``) holds its sequence's start as its first token and WALK_STORES_HT only where it ends its
+    sequence: its warm-up starts in between, where the gates' decay runs out, which the kernel that walks it finds
+    (``chunk_specialized_sm90``), and it starts from h0 where that is the sequence's start."""
 
     programs: int
     makespan: int  # chunks of the most loaded program
-    chunks: int  # over all walks
+    chunks: int  # over all walks, the outputs' (no warm-ups)
     counts: Tensor  # [programs] int32: walks a program
     walks: Tensor  # [rounds * programs, WALK_ROW] int32 ((-1, 0, 0, 0, 0): none)
     program_chunks: Tensor  # [programs] int32
+    empty: Tensor  # [E] int64: the walks of no chunk left out (``deal``'s drop_empty), whose final state is their h0
 
     @classmethod
-    def deal(cls, spans: list[tuple[int, int]], programs: int, device: torch.device | str) -> WalkOrder:
-        """The walks over the token ranges ``spans`` (walk i over the i-th), longest first, each to the program with
-        the fewest chunks so far, the lowest-numbered on a tie: equal walks go round the programs in order, and the
-        longest of unequal ones no longer meet on one program, as in order they may (parity's varlen N=64 T=6656: 9
-        chunks on one program where 7 suffice)."""
-        chunks = [triton.cdiv(end - start, CHUNK) for start, end in spans]
-        dealt, program_chunks = deal_longest_first(chunks, programs)
-        rounds = max(len(mine) for mine in dealt)
-        whole = WALK_TAKES_H0 | WALK_STORES_HT
-        rows = [(mine[i], spans[mine[i]][0], *spans[mine[i]], whole) if i < len(mine) else (-1, 0, 0, 0, 0)
-                for i in range(rounds) for mine in dealt]
-        return cls(programs=programs, makespan=max(program_chunks), chunks=sum(chunks),
+    def deal(cls, rows: list[tuple[int, int, int, int, int]], loads: list[int], programs: int,
+             device: torch.device | str, drop_empty: bool = False) -> WalkOrder:
+        """The walks of ``rows`` (a row each) longest first by ``loads`` (the chunks each is expected to walk), each
+        to the program with the fewest chunks so far, the lowest-numbered on a tie: equal walks go round the programs
+        in order, and the longest of unequal ones no longer meet on one program, as in order they may (parity's
+        varlen N=64 T=6656: 9 chunks on one program where 7 suffice). drop_empty: the walks of no token are dealt to
+        no program but listed in ``empty``, for a kernel whose programs learn a walk's bounds with its first chunk
+        (``chunk_specialized_sm90`` over warm-up segments), which such a walk never has."""
+        empty = [row[0] for row in rows if drop_empty and row[1] == row[3]]
+        if empty:
+            loads = [load for row, load in zip(rows, loads) if row[1] != row[3]]
+            rows = [row for row in rows if row[1] != row[3]]
+        dealt, program_chunks = deal_longest_first(loads, programs)
+        rounds = max(1, *(len(mine) for mine in dealt))  # a row at least: a program reads its first before its count
+        table = [rows[mine[i]] if i < len(mine) else (-1, 0, 0, 0, 0) for i in range(rounds) for mine in dealt]
+        return cls(programs=programs, makespan=max(program_chunks),
+                   chunks=sum(triton.cdiv(end - first, CHUNK) for _, _, first, end, _ in rows),
                    counts=torch.tensor([len(mine) for mine in dealt], dtype=torch.int32, device=device),
-                   walks=torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, WALK_ROW),
-                   program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device))
+                   walks=torch.tensor(table, dtype=torch.int32, device=device).reshape(-1, WALK_ROW),
+                   program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device),
+                   empty=torch.tensor(empty, dtype=torch.int64, device=device))
 
     def fill(self, slots: int) -> float:
         """The share of ``slots`` programs' time over the makespan that walks take (1: none idle)."""
@@ -859,8 +842,11 @@ class SegmentLayout:
     seg_offsets: Tensor  # [N + 1] int32: each sequence's first segment
     parent: Tensor  # [segments] int32: each segment's sequence
     parent_bounds: Tensor  # the sequences' ChunkLayout.seq_bounds
+    sequences: tuple[int, ...]  # parent's, on the host
+    sequence_spans: tuple[tuple[int, int], ...]  # parent_bounds', on the host
+    loads: tuple[int, ...]  # the chunks each segment is expected to walk (``warm_up_loads``)
     warm_up: bool = False
-    _walks: dict[tuple[int, int], WarmUpWalks] = field(default_factory=dict, compare=False, repr=False)
+    _walks: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, layout: ChunkLayout, chunks: int, warm_up: bool = False) -> SegmentLayout:
@@ -872,47 +858,30 @@ class SegmentLayout:
             # an empty sequence keeps one empty segment: the program that stores its final state
             seg_spans += [(t, min(t + span, end)) for t in range(start, end, span)] or [(start, end)]
             offsets.append(len(seg_spans))
+        sequences = [n for n in range(layout.N) for _ in range(offsets[n + 1] - offsets[n])]
         return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
-                   parent=torch.tensor([n for n in range(layout.N) for _ in range(offsets[n + 1] - offsets[n])],
-                                       dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
+                   parent=torch.tensor(sequences, dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
+                   sequences=tuple(sequences), sequence_spans=layout.spans,
+                   loads=tuple(warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in layout.spans], chunks)),
                    warm_up=warm_up)
 
-    def walks(self, heads: int, programs: int) -> WarmUpWalks:
-        """These warm-up segments' walks (``WarmUpWalks``) for ``programs`` persistent programs; built on first use
-        and kept."""
+    def walks(self, heads: int, programs: int) -> WalkOrder:
+        """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence
+        n's walk n * heads + h) dealt to ``programs`` persistent programs, each as the chunks it is expected to walk
+        (``loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on programs of 7
+        chunks, where 5 suffice); built on first use and kept."""
         if not self.warm_up:
             raise ValueError("walks over segments take their entering states from warm-ups (warm_up=True)")
         key = heads, programs
         if key not in self._walks:
-            dealt = self.layout.walk_order(heads, programs)
-            order = WalkOrder(programs=programs, makespan=dealt.makespan, chunks=dealt.chunks, counts=dealt.counts,
-                              walks=dealt.walks.clone(), program_chunks=dealt.program_chunks.clone())
-            self._walks[key] = WarmUpWalks(segments=self, heads=heads, dealt=dealt, order=order)
+            rows = []
+            for (first, end), n in zip(self.layout.spans, self.sequences):
+                start, last = self.sequence_spans[n]
+                rows += [(n * heads + h, start, first, end, WALK_STORES_HT if end == last else 0) for h in range(heads)]
+            self._walks[key] = WalkOrder.deal(rows, [n for n in self.loads for _ in range(heads)], programs,
+                                              self.parent.device, drop_empty=True)
         return self._walks[key]
-
-
-@dataclass(frozen=True)
-class WarmUpWalks:
-    """Warm-up segments dealt as walks to persistent programs (``chunk_specialized_sm90``). The segments are dealt
-    on the host as they stand (``dealt``: walk s * heads + h, segment s); where each one's warm-up starts depends on
-    the gates, so ``fill`` writes ``order``'s rows (walk n * heads + h of its sequence n, first token where the
-    warm-up starts, flags: h0 only where it reaches its sequence's start, ht only at its sequence's end) and its
-    programs' chunk counts on the device, in one launch a call. ``order``'s makespan and chunks leave the
-    warm-ups out."""
-
-    segments: SegmentLayout
-    heads: int
-    dealt: WalkOrder
-    order: WalkOrder
-
-    def fill(self, g: Tensor) -> WalkOrder:
-        """``order`` for the log decays g ([tokens, heads] or [B, T, heads], contiguous)."""
-        order = self.order
-        _warm_up_walks_kernel[(order.programs,)](self.dealt.walks, order.walks, order.program_chunks, order.counts,
-                                                 self.segments.parent, self.segments.parent_bounds, g, order.programs,
-                                                 HV=self.heads, BT=CHUNK)
-        return order
 
 
 @dataclass

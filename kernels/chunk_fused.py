@@ -39,7 +39,7 @@ prep and the walk run in one warp-specialized Gluon kernel instead (``chunk_spec
 ``walk=SPECIALIZED``): a loader warpgroup and a prep warpgroup one chunk ahead of two walker warpgroups, so that
 one pair's prep overlaps another's walk. 1.02-1.27x there (1.05x at qwen3-next B=4 T=8192, H100); it walks whole
 sequences, dealt to its programs longest first, so fewer walks, or walks that leave SMs idle, lose. It also walks
-warm-up segments of 16 chunks or more (see SPECIALIZED_MIN_SEGMENT_CHUNKS; ``chunk.WarmUpWalks``), sized so that
+warm-up segments of 16 chunks or more (see SPECIALIZED_MIN_SEGMENT_CHUNKS; ``SegmentLayout.walks``), sized so that
 its programs take them evenly (``plan_segments``): 1.06-1.20x over the transposed walk there on qwen3-next B=1 and
 1.13-1.29x on long-prefill's rows (H100).
 
@@ -83,8 +83,8 @@ from torch import Tensor
 from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, WalkOrder, _Args, _bv_prune, _chunk_bounds,
                     _chunk_output_fn, _chunk_output_kernel, _chunk_program, _chunk_state_fn, _chunk_state_kernel,
                     _config_str, _configs, _diag_scratch, _gate_chunk, _kkt_inverse, _load_qk, _output_pass,
-                    WarmUpWalks, _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier,
-                    deal_longest_first)
+                    _setup, _state_and_output, _state_pass, _state_prune, _store_tile, chunk_tier,
+                    deal_longest_first, warm_up_loads)
 from . import chunk_prep_sm90, chunk_specialized_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
 from .gluon_hopper import sm_count
 from .tuning import TunedKernel
@@ -483,7 +483,7 @@ SPECIALIZED_MIN_WALKS = 128
 SPECIALIZED_MIN_ROUND_FILL = 0.9  # measured: 0.97 and 0.73; between them, not
 SPECIALIZED_MIN_FILL = 0.75  # measured: 1 (padded) and 0.31; between them, not
 SPECIALIZED_MIN_UNEQUAL_FILL = 0.5  # measured: 0.60 and 0.44; between them, not
-# Over warm-up segments (chunk.WarmUpWalks: the segments dealt on the host, their warm-ups found on the device) the
+# Over warm-up segments (SegmentLayout.walks: the segments dealt on the host, their warm-ups found on the device) the
 # warp-specialized kernel runs by default where the segments are this long or longer; the transposed walk on
 # shorter ones. H100, forty-third session (revision A/B, the transposed walk over the same segments -> the
 # specialized kernel, us): qwen3-next B=1 T=32768 (segments of 64 chunks) 619.8 -> 534.0, T=65536 (64) 1210.1 ->
@@ -499,9 +499,9 @@ SPECIALIZED_MAX_SEGMENT_CHUNKS = 256
 
 
 def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
-                       segments: SegmentLayout | None = None) -> WalkOrder | WarmUpWalks:
+                       segments: SegmentLayout | None = None) -> WalkOrder:
     """The walks of walk=SPECIALIZED dealt to its programs, one per SM at most: whole sequences, or the warm-up
-    segments of ``segments`` (whose rows each call fills)."""
+    segments of ``segments`` (whose warm-up starts the kernel finds)."""
     if segments is None:
         return layout.walk_order(HV, _specialized_programs(layout, HV, device))
     return segments.walks(HV, _specialized_programs(segments.layout, HV, device))
@@ -578,8 +578,7 @@ def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bo
     programs = sm_count(q.device)
 
     def makespan(size: int) -> int:
-        walks = [min(size, n - first) + (first > 0) for n in lengths for first in range(0, n, size)] * HV
-        return max(deal_longest_first(walks, programs)[1])
+        return max(deal_longest_first(warm_up_loads(lengths, size) * HV, programs)[1])
 
     return min(range(SPECIALIZED_MIN_SEGMENT_CHUNKS, SPECIALIZED_MAX_SEGMENT_CHUNKS + 1), key=makespan)
 
@@ -711,10 +710,9 @@ def chunk_fused_gdn(
     if pipeline is not None:
         _pipelined(x, pipeline, fuse, output_final_state, walk, prep)
     elif walk == SPECIALIZED:
-        walks = _specialized_order(lay, HV, q.device, segments)
-        order = walks if segments is None else walks.fill(x.g)
         chunk_specialized_sm90.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
-                                                 x.ws.final_state if output_final_state else None, order, x.scale,
+                                                 x.ws.final_state if output_final_state else None,
+                                                 _specialized_order(lay, HV, q.device, segments), x.scale,
                                                  warm_up=segments is not None)
     else:
         _prep(x, lay, prep)

@@ -4,8 +4,8 @@ The two-kernel path runs the prep kernel (``chunk_prep_sm90``) over every chunk,
 (``chunk_walk_transposed_sm90``): the prep's time and the walk's dependent chain add up, while neither fills
 the SM on its own (BENCHMARKS.md, thirty-third session: the walk alone takes about FlashInfer's whole time).
 Here one program per SM takes (sequence, value head) pairs in turn, or warm-up segments of them (WARM_UP:
-``chunk.WarmUpWalks``, whose warm-up chunks store no output), dealt on the host longest first (``chunk.WalkOrder``),
-and its four warpgroups overlap them:
+``chunk.SegmentLayout.walks``, whose warm-up chunks store no output), dealt on the host longest first
+(``chunk.WalkOrder``), and its four warpgroups overlap them:
 
   - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
     chunks ahead as the stages let it;
@@ -57,7 +57,10 @@ Together 1.08-1.11x on qwen3-next and 1.04-1.07x on parity's rows of two chunks 
 the block inverses' exchange without layout conversions through shared memory 1.01-1.02x more; a warm-up segment's
 first chunk without h0 skipping (K S)^T and (Q S)^T, which are 0, 1.02-1.04x on qwen3-next B=1 (whole walks keep
 them: skipped there, B=4 T=8192 lost 3%) (H100, side by side; H200: B=1 T=65536 0.887 ms; BENCHMARKS.md,
-forty-fifth session).
+forty-fifth session). Forty-sixth session: over warm-up segments the loader finds where each one's warm-up starts and
+leaves the row in the walk's first stage for the prep and the walkers, where a kernel of its own ran before this one:
+1.02-1.06x on qwen3-next B=1 (H200; whole walks read their rows from memory as before, since waiting for the first
+chunk to read the row cost parity's short walks 1-3%).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -76,7 +79,7 @@ from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
     from .chunk_prep_sm90 import EXCHANGE_SHARED, _solve
-    from .chunk_walk_transposed_sm90 import _state_offsets, _store_output
+    from .chunk_walk_transposed_sm90 import _state_offsets, _store_output, _warm_up_start
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                tma_store, unhoisted, warpgroup_mma, warpgroup_mma_wait)
 
@@ -111,10 +114,40 @@ if GLUON_MISSING is None:
         row = order[1] + _WALK_ROW * (i * gl.num_programs(0) + gl.program_id(0))
         walk = gl.load(row)
         bos = gl.load(row + 1)
-        first = gl.load(row + 2)
         eos = gl.load(row + 3)
-        flags = gl.load(row + 4)
-        return walk, walk % HV, bos, first, eos, (eos - bos + BT - 1) // BT, flags
+        return walk, walk % HV, bos, gl.load(row + 2), eos, (eos - bos + BT - 1) // BT, gl.load(row + 4)
+
+    @gluon.jit
+    def _walk_row(order, w, it, kq_ready, walk_s, HV: gl.constexpr, BT: gl.constexpr, NA: gl.constexpr,
+                  WARM_UP: gl.constexpr):
+        """``_walk_bounds`` of this program's walk w, whose first chunk is its chunk ``it``: from memory, or
+        (WARM_UP) as the loader left it in that chunk's stage, its warm-up start found (``_share_walk``)."""
+        if WARM_UP:
+            mbarrier.wait(kq_ready.index(it % NA), (it // NA) & 1)
+            return _shared_walk(walk_s.index(it % NA), HV, BT)
+        else:
+            return _walk_bounds(order, w, HV, BT)
+
+    @gluon.jit
+    def _share_walk(walk_s, walk, bos, first, eos, flags):
+        """A warm-up segment's row, its warm-up start found, into walk_s (its first chunk's slot) for the prep and the
+        walkers, who read it once that chunk's stage is ready. Only there: on whole walks, which the prep and the
+        walkers read from memory, waiting for the first chunk to read it cost parity's short walks 1-3% (H200)."""
+        j = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        walk_s.store(gl.where(j == 0, walk, gl.where(j == 1, bos, gl.where(j == 2, first, gl.where(j == 3, eos,
+                                                                                                  flags)))))
+
+    @gluon.jit
+    def _shared_walk(walk_s, HV: gl.constexpr, BT: gl.constexpr):
+        """(walk, value head, first token, first token output, end, chunks, flags) of the row ``_share_walk`` left."""
+        row_layout: gl.constexpr = gl.BlockedLayout([8], [32], [4], [0])  # the whole row in each thread
+        j = gl.arange(0, 8, layout=row_layout)
+        row = walk_s.load(row_layout)
+        walk = gl.sum(gl.where(j == 0, row, 0), axis=0)
+        bos = gl.sum(gl.where(j == 1, row, 0), axis=0)
+        eos = gl.sum(gl.where(j == 3, row, 0), axis=0)
+        return (walk, walk % HV, bos, gl.sum(gl.where(j == 2, row, 0), axis=0), eos, (eos - bos + BT - 1) // BT,
+                gl.sum(gl.where(j == 4, row, 0), axis=0))
 
     @gluon.jit
     def _add(a, b):
@@ -130,25 +163,37 @@ if GLUON_MISSING is None:
         ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch
-        it = _load_walk(args, 0, gl.to_tensor(0), H, HV, K, BT, BV, NA, NG)
+        it = _load_walk(args, 0, gl.to_tensor(0), H, HV, K, BT, BV, NA, NG, WARM_UP)
         for w in range(1, _my_walks(order)):
-            it = _load_walk(args, w, it, H, HV, K, BT, BV, NA, NG)
+            it = _load_walk(args, w, it, H, HV, K, BT, BV, NA, NG, WARM_UP)
 
     @gluon.jit
     def _load_walk(args, w, it, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
-                   BV: gl.constexpr, NA: gl.constexpr, NG: gl.constexpr):
-        """The loader's part of this program's walk w, from its chunk ``it`` on; returns the chunk after its last."""
+                   BV: gl.constexpr, NA: gl.constexpr, NG: gl.constexpr, WARM_UP: gl.constexpr):
+        """The loader's part of this program's walk w, from its chunk ``it`` on; returns the chunk after its last.
+        WARM_UP: the row holds the sequence's start, and the walk starts where the decay before its first output
+        token runs out (``chunk.WalkOrder``): found here, where a kernel of its own launched before this one did it
+        (qwen3-next B=1 1.02-1.06x, H200, forty-sixth session)."""
         ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
-        k_s, q_s, v_s, kq_ready, kq_free = ring
+        k_s, q_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
         i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
-        _, i_h, bos, _, eos, NT, _ = _walk_bounds(order, w, HV, BT)
+        walk, i_h, bos, first, eos, NT, flags = _walk_bounds(order, w, HV, BT)
+        if WARM_UP:
+            seq_bos = bos
+            bos = _warm_up_start(g, first, seq_bos, i_h, HV, BT, False)
+            flags += (bos == seq_bos).to(gl.int32) * _WALK_TAKES_H0
+            NT = (eos - bos + BT - 1) // BT
         col_k = (i_h // (HV // H)) * K
         for t in range(NT):
             tok = bos + t * BT
             s = it % NA
             mbarrier.wait(kq_free.index(s), ((it // NA) & 1) ^ 1)
+            if WARM_UP:
+                if t == 0:  # published by this stage's arrival below
+                    _share_walk(walk_s.index(s), walk, bos, first, eos, flags)
+                    cta_barrier()
             # at the start, one chunk's copies in flight at a time: every SM loads at once then, and the first
             # chunk's bytes, which the prep waits for, shared the bandwidth with the next two chunks'
             if (it > 0) & (it < NA):
@@ -204,20 +249,34 @@ if GLUON_MISSING is None:
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
         ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
-        k_s, q_s, v_s, kq_ready, kq_free = ring
+        kq_ready, walk_s = ring[3], ring[5]
+        if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
+            it = 0
+            for w in range(_my_walks(order)):
+                for t in range(_walk_row(order, w, it, kq_ready, walk_s, HV, BT, NA, WARM_UP)[5]):
+                    _prep_step(it, ring, made, d_s, gates, BT, NA, NC, NG)
+                    it += 1
+        else:  # this program's chunks, whichever walks they are of
+            for it in range(gl.load(order[2] + gl.program_id(0))):
+                _prep_step(it, ring, made, d_s, gates, BT, NA, NC, NG)
+
+    @gluon.jit
+    def _prep_step(it, ring, made, d_s, gates, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
+                   NG: gl.constexpr):
+        """The prep of this program's chunk ``it``, once its tiles and gates are in and its stage of Ai is free."""
+        k_s, q_s, v_s, kq_ready, kq_free, walk_s = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         gate_s, g_ready, g_free = gates
-        for it in range(gl.load(order[2] + gl.program_id(0))):  # this program's chunks, whichever walks they are of
-            s = it % NA
-            cs = it % NC
-            gs = it % NG
-            mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
-            mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
-            mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-            _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s),
-                        ai_s.index(cs), p_s.index(cs), gc_s.index(cs), d_s, BT)
-            mbarrier.arrive(c_ready.index(cs), count=1)
-            mbarrier.arrive(g_free.index(gs), count=1)
+        s = it % NA
+        cs = it % NC
+        gs = it % NG
+        mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
+        mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
+        mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
+        _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s), ai_s.index(cs),
+                    p_s.index(cs), gc_s.index(cs), d_s, BT)
+        mbarrier.arrive(c_ready.index(cs), count=1)
+        mbarrier.arrive(g_free.index(gs), count=1)
 
     @gluon.jit
     def _store_state(S, s_s):
@@ -240,10 +299,10 @@ if GLUON_MISSING is None:
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
                     NC: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
-        tok is before the walk's first output token (a warm-up chunk, ``chunk.WarmUpWalks``). s_s: this walker's
+        tok is before the walk's first output token (a warm-up chunk, ``chunk.SegmentLayout.walks``). s_s: this walker's
         [BV, K] tile for S^T, which holds this chunk's S^T on entry and the next one's on return (``_store_state``, not
         after a walk's last chunk); fresh: S is 0, so (K S)^T and (Q S)^T are too. Returns S."""
-        k_s, q_s, v_s, kq_ready, kq_free = ring
+        k_s, q_s, v_s, kq_ready, kq_free, _ = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         dt: gl.constexpr = k_s.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
@@ -293,18 +352,19 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                 STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
-        (``chunk.WarmUpWalks``), which take h0 only where they reach their sequence's start, store ht only at its
-        end and output from their first token on."""
+        (``chunk.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
+        its end and output from their first token on."""
         ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        kq_ready, walk_s = ring[3], ring[5]
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
         for w in range(_my_walks(order)):
-            walk, i_h, bos, first, eos, NT, flags = _walk_bounds(order, w, HV, BT)
+            walk, i_h, bos, first, eos, NT, flags = _walk_row(order, w, it, kq_ready, walk_s, HV, BT, NA, WARM_UP)
             if WARM_UP:
                 takes_h0 = (flags & _WALK_TAKES_H0) != 0
                 stores_ht = (flags & _WALK_STORES_HT) != 0
-            else:
+            else:  # a whole walk starts from h0 and stores ht, known at compile time
                 takes_h0 = True
                 stores_ht = True
             S = gl.zeros([BV, K], gl.float32, mma_s)
@@ -366,7 +426,6 @@ if GLUON_MISSING is None:
         for i in gl.static_range(NC):
             mbarrier.init(c_ready.index(i), count=1)
             mbarrier.init(c_free.index(i), count=2)
-        ring = (k_s, q_s, v_s, kq_ready, kq_free)  # loaded by the loader warpgroup, read by the others
         made = (ai_s, p_s, gc_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
         gate_s = gl.allocate_shared_memory(gl.float32, [2 * NG, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         g_ready = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
@@ -374,6 +433,8 @@ if GLUON_MISSING is None:
         for i in gl.static_range(NG):
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=1)
+        walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        ring = (k_s, q_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
                 (order_counts, order_walks, order_chunks), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
@@ -393,8 +454,9 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
                       ht: Tensor | None, order: WalkOrder, scale: float, warm_up: bool = False) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
     (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
-    h) from h0 (fp32 [N, HV, K, V], or zero); warm_up: the walks are warm-up segments (``chunk.WarmUpWalks.fill``'s
-    order). q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
+    h) from h0 (fp32 [N, HV, K, V], or zero); warm_up: the walks are warm-up segments (``SegmentLayout.walks``),
+    whose warm-up starts the loader finds from g. q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV],
+    all contiguous (see ``unsupported``)."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
@@ -403,6 +465,12 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
         *descs, out, g, beta, h0, ht, scale, order.counts, order.walks, order.program_chunks, H=H, HV=HV, K=K, V=V,
         BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None, WARM_UP=warm_up,
         WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS, maxnreg=MAX_REGS)
+    if ht is not None and order.empty.numel():  # empty sequences' walks, which no program took
+        states = ht.view(-1, K, V)
+        if h0 is None:
+            states.index_fill_(0, order.empty, 0.0)
+        else:
+            states.index_copy_(0, order.empty, h0.view(-1, K, V).index_select(0, order.empty))
 
 
 def describe() -> str:

@@ -190,14 +190,20 @@ if GLUON_MISSING is None:
             return i_nh, first, True
 
     @gluon.jit
-    def _warm_up_start(gc, bos, seq_bos, i_h, HV: gl.constexpr, BT: gl.constexpr):
+    def _warm_up_start(gates, bos, seq_bos, i_h, HV: gl.constexpr, BT: gl.constexpr, CUMSUM: gl.constexpr):
         """Where a warm-up segment starting at bos starts walking: as many whole chunks back as their summed
-        log decay needs to reach WARM_UP_LOG_DECAY, or its sequence's start."""
+        log decay needs to reach WARM_UP_LOG_DECAY, or its sequence's start. gates: the chunk-local cumulative log
+        decays gc (CUMSUM: a chunk's sum is its last token's), or the log decays g, a chunk's summed over its
+        tokens by 4 warps (``chunk_specialized_sm90``'s loader, which keeps no gc in memory)."""
         start = bos
         log_decay = 0.0
         while (start > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):
             start -= BT
-            log_decay += gl.load(gc + (start + BT - 1) * HV + i_h)
+            if CUMSUM:
+                log_decay += gl.load(gates + (start + BT - 1) * HV + i_h)
+            else:
+                i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
+                log_decay += gl.sum(gl.load(gates + (start + i) * HV + i_h).to(gl.float32), axis=0)
         return start
 
     @gluon.jit
@@ -212,7 +218,7 @@ if GLUON_MISSING is None:
         i_state, seq_bos, _ = _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV, WARM_UP)
         bos = first
         if WARM_UP:  # from a few chunks before the segment
-            bos = _warm_up_start(gc, first, seq_bos, i_h, HV, BT)
+            bos = _warm_up_start(gc, first, seq_bos, i_h, HV, BT, True)
             NT = (eos - bos + BT - 1) // BT
         if USE_H0:
             S = gl.where(bos == seq_bos, gl.load(h0 + _state_offsets(i_state, i_v, K, V, BV, mma_s)), 0.0)

@@ -84,7 +84,6 @@ GUARD_CASES = [
 GUARD = 2048  # sentinel elements before and after every tensor
 
 STAGES = ("gc", "Ai", "W", "U", "v_new", "h")  # what a workspace may hold, compared with the reference
-WARM_UP_PROGRAMS = 3  # persistent programs the warm-up segments' walks are dealt to (WarmUpWalks)
 
 
 # ---- the subprocess -----------------------------------------------------------------------------------
@@ -147,11 +146,6 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
             except Exception as e:  # reported by the test of that case
                 res = {"error": f"{type(e).__name__}: {e}"}
             results[(case["name"], variant)] = res
-        if "g" in kw:  # the warm-up segments' walks for 3 persistent programs, from these gates
-            walks = segments["warm-up"].walks(v.shape[2], WARM_UP_PROGRAMS)
-            order = walks.fill(kw["g"])
-            results[(case["name"], "warm-up walks")] = {"rows": order.walks.clone(),
-                                                       "program_chunks": order.program_chunks.clone()}
     results["guards"] = _guarded_runs(chunk, chunk_fused)
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:]}
@@ -246,6 +240,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
                         parent=guarded(seg0.parent), parent_bounds=guarded(seg0.parent_bounds),
+                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans, loads=seg0.loads,
                         warm_up=variant == "cp-warm-up")
                     NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
@@ -534,7 +529,7 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     """ChunkLayout.walk_order: each walk (sequence n, head h: n * heads + h) once; equal walks in their order round
     the programs (the stride a persistent kernel would take); unequal ones so that the longest do not meet on one
     program, as they do in order; kept for the next call."""
-    from gdnbench_kernels.chunk import ChunkLayout, WalkOrder
+    from gdnbench_kernels.chunk import ChunkLayout, WalkOrder, warm_up_loads
 
     def mine(order: WalkOrder, p: int) -> list[int]:  # program p's walks, in its order
         return order.walks[:, 0].tolist()[p::order.programs][:order.counts[p]]
@@ -563,6 +558,11 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     assert order.makespan == 11 and order.fill(3) == pytest.approx(29 / 33)
     with pytest.raises(ValueError, match="at least one program"):
         lay.walk_order(1, 0)
+    # dealt by given loads (warm-up segments: their own chunks and one of warm-up but on a sequence's first)
+    assert warm_up_loads([3, 0, 5], 2) == [2, 2, 0, 2, 3, 2]
+    order = WalkOrder.deal([(w, 0, 0, 64, 3) for w in range(4)], [1, 3, 2, 1], 2, CPU)
+    assert [mine(order, p) for p in range(2)] == [[1, 3], [2, 0]] and order.program_chunks.tolist() == [4, 3]
+    assert (order.makespan, order.chunks) == (4, 4)
 
 
 def test_segments_cut_each_sequence_at_chunk_boundaries():
@@ -585,37 +585,35 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
         chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
 
 
-@pytest.mark.parametrize("name", [c["name"] for c in KERNEL_CASES if "g" in c["kw"]])
-def test_warm_up_walks_start_where_the_decay_runs_out(interpreted, name):
-    """WarmUpWalks.fill (interpreted): each segment dealt becomes its sequence's walk from as many whole chunks back
-    as the gates' summed log decay needs to reach WARM_UP_LOG_DECAY (fp64 here) or the sequence's start, taking
-    h0 only there and storing ht only at the sequence's end; each program's chunks count its warm-ups."""
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+def test_warm_up_segments_walk_from_their_sequences_start(chunks):
+    """SegmentLayout.walks: each segment and head once, as its sequence's walk (n * heads + h) from the sequence's
+    start, where the kernel finds its warm-up start, outputting from the segment's first token, with ht only where it
+    ends its sequence and h0 left to the kernel; dealt as its chunks and one of warm-up but on a sequence's first;
+    an empty sequence's walks dealt to no program but listed apart."""
     from gdnbench_kernels import chunk
 
-    kw, got = BY_NAME[name]["kw"], interpreted[(name, "warm-up walks")]
-    q, HV = kw["q"], kw["v"].shape[2]
-    layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), CPU)
-    segments = chunk.SegmentLayout.build(layout, 1, warm_up=True)
-    dealt = segments.layout.walk_order(HV, WARM_UP_PROGRAMS)
-    g = kw["g"].double().reshape(-1, HV)
-    chunks = [0] * WARM_UP_PROGRAMS
-    warmed = 0
-    for p in range(WARM_UP_PROGRAMS):
-        for i in range(int(dealt.counts[p])):
-            row = i * WARM_UP_PROGRAMS + p
-            seg_walk, _, first, eos, _ = dealt.walks[row].tolist()
-            h, n = seg_walk % HV, int(segments.parent[seg_walk // HV])
-            seq_bos, seq_eos = layout.spans[n]
-            bos, log_decay = first, 0.0
-            while bos > seq_bos and log_decay > chunk.WARM_UP_LOG_DECAY:
-                bos -= chunk.CHUNK
-                log_decay += g[bos:bos + chunk.CHUNK, h].sum().item()
-            warmed += first - bos
-            flags = (chunk.WALK_TAKES_H0 if bos == seq_bos else 0) | (chunk.WALK_STORES_HT if eos == seq_eos else 0)
-            assert got["rows"][row].tolist() == [n * HV + h, bos, first, eos, flags], (p, i)
-            chunks[p] += -(-(eos - bos) // chunk.CHUNK)
-    assert got["program_chunks"].tolist() == chunks
-    assert warmed > 0 or layout.max_len <= chunk.CHUNK  # segments after a first chunk warm up
+    lengths = [200, 0, 64, 300]  # chunks 4, 0, 1, 5
+    layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
+    segments = chunk.SegmentLayout.build(layout, chunks, warm_up=True)
+    heads, programs = 2, 3
+    order = segments.walks(heads, programs)
+    assert segments.walks(heads, programs) is order
+    rows = [tuple(order.walks[i * programs + p].tolist()) for p in range(programs) for i in range(order.counts[p])]
+    expected = []
+    for n, (start, end) in enumerate(layout.spans):
+        for first in range(start, end, chunks * chunk.CHUNK):
+            last = min(first + chunks * chunk.CHUNK, end)
+            expected += [(n * heads + h, start, first, last, chunk.WALK_STORES_HT if last == end else 0)
+                         for h in range(heads)]
+    assert sorted(rows) == sorted(expected)
+    assert order.empty.tolist() == [1 * heads + h for h in range(heads)]  # the empty sequence's, dealt to none
+    loads = [[-(-(end - first) // chunk.CHUNK) + (first > start) for _, start, first, end, _ in
+              [tuple(order.walks[i * programs + p].tolist()) for i in range(order.counts[p])]] for p in range(programs)]
+    assert order.program_chunks.tolist() == [sum(mine) for mine in loads]
+    assert order.makespan == max(map(sum, loads)) and order.chunks == sum(-(-n // 64) for n in lengths) * heads
+    with pytest.raises(ValueError, match="warm_up=True"):
+        chunk.SegmentLayout.build(layout, chunks).walks(heads, programs)
 
 
 def test_a_layout_of_another_batch_is_rejected():
@@ -806,13 +804,13 @@ def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunk
     q = torch.empty(1, sum(lengths), 16, 128)
     assert chunk_fused.plan_segments(layout, q, 128, HV, raw_gate=raw) == chunks
     if chunks and not raw and chunks >= chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS:
-        def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, warm-ups added
-            segments = chunk.SegmentLayout.build(layout, size, warm_up=True)
-            order = segments.layout.walk_order(HV, 132)
-            firsts = {start for start, _ in layout.spans}
-            extra = [sum(int(start not in firsts) for w, start, *_ in order.walks.tolist()[p::132][:order.counts[p]])
+        def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, a chunk of warm-up each but
+            dealt = chunk.SegmentLayout.build(layout, size, warm_up=True).walks(HV, 132)  # a sequence's first
+            loads = [sum(-(-(end - first) // 64) + (first > start)
+                         for _, start, first, end, _ in dealt.walks.tolist()[p::132][:dealt.counts[p]])
                      for p in range(132)]
-            return max(c + e for c, e in zip(order.program_chunks.tolist(), extra))
+            assert loads == dealt.program_chunks.tolist()
+            return dealt.makespan
 
         sizes = range(chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS, chunk_fused.SPECIALIZED_MAX_SEGMENT_CHUNKS + 1, 7)
         assert all(makespan(chunks) <= makespan(size) for size in sizes)

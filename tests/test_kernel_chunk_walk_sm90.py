@@ -349,12 +349,17 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
 @pytest.mark.parametrize("gate_norm", [1.0, 10.0])  # strong decay: warm-ups of a chunk; weak: back to the start
 @pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
 @pytest.mark.parametrize("h0", [True, False])  # without: every segment starts from S = 0
-def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0):
+@pytest.mark.parametrize("programs", [None, 7])  # 7: the specialized kernel's programs take 5 or 6 walks each
+def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0, programs, monkeypatch):
     """The transposed Gluon walk and the warp-specialized kernel over warm-up segments of 4 chunks (outputs and
     final states; h0, if given, only where a warm-up reaches its sequence's start) against the Triton walk over the
     same segments and against the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal
-    sequences, one empty."""
+    sequences, one empty. programs: that many SMs, so that each of the specialized kernel's programs finds the
+    warm-up starts of many walks in turn."""
     from gdnbench_kernels import chunk, chunk_fused
+
+    if programs:
+        monkeypatch.setattr(chunk_fused, "sm_count", lambda device: programs)
 
     dev = torch.device("cuda")
     seqs, H, HV = [1000, 0, 64, 700, 1], 2, 4
