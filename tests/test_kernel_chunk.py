@@ -563,6 +563,11 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     order = WalkOrder.deal([(w, 0, 0, 64, 3) for w in range(4)], [1, 3, 2, 1], 2, CPU)
     assert [mine(order, p) for p in range(2)] == [[1, 3], [2, 0]] and order.program_chunks.tolist() == [4, 3]
     assert (order.makespan, order.chunks) == (4, 4)
+    # drop_empty: walks of no token go to no program; with none left, every program still finds a (padding) row
+    order = WalkOrder.deal([(0, 64, 64, 64, 2), (1, 0, 0, 64, 3)], [0, 1], 2, CPU, drop_empty=True)
+    assert order.empty.tolist() == [0] and [mine(order, p) for p in range(2)] == [[1], []]
+    order = WalkOrder.deal([(0, 0, 0, 0, 2)], [0], 2, CPU, drop_empty=True)
+    assert order.counts.tolist() == [0, 0] and order.walks.tolist() == [[-1, 0, 0, 0, 0]] * 2
 
 
 def test_segments_cut_each_sequence_at_chunk_boundaries():
