@@ -844,7 +844,6 @@ class SegmentLayout:
     parent_bounds: Tensor  # the sequences' ChunkLayout.seq_bounds
     sequences: tuple[int, ...]  # parent's, on the host
     sequence_spans: tuple[tuple[int, int], ...]  # parent_bounds', on the host
-    loads: tuple[int, ...]  # the chunks each segment is expected to walk (``warm_up_loads``)
     warm_up: bool = False
     _walks: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
 
@@ -862,15 +861,13 @@ class SegmentLayout:
         return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
                    parent=torch.tensor(sequences, dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
-                   sequences=tuple(sequences), sequence_spans=layout.spans,
-                   loads=tuple(warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in layout.spans], chunks)),
-                   warm_up=warm_up)
+                   sequences=tuple(sequences), sequence_spans=layout.spans, warm_up=warm_up)
 
     def walks(self, heads: int, programs: int) -> WalkOrder:
         """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence
         n's walk n * heads + h) dealt to ``programs`` persistent programs, each as the chunks it is expected to walk
-        (``loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on programs of 7
-        chunks, where 5 suffice); built on first use and kept."""
+        (``warm_up_loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on
+        programs of 7 chunks, where 5 suffice); built on first use and kept."""
         if not self.warm_up:
             raise ValueError("walks over segments take their entering states from warm-ups (warm_up=True)")
         key = heads, programs
@@ -879,7 +876,8 @@ class SegmentLayout:
             for (first, end), n in zip(self.layout.spans, self.sequences):
                 start, last = self.sequence_spans[n]
                 rows += [(n * heads + h, start, first, end, WALK_STORES_HT if end == last else 0) for h in range(heads)]
-            self._walks[key] = WalkOrder.deal(rows, [n for n in self.loads for _ in range(heads)], programs,
+            loads = warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in self.sequence_spans], self.chunks)
+            self._walks[key] = WalkOrder.deal(rows, [load for load in loads for _ in range(heads)], programs,
                                               self.parent.device, drop_empty=True)
         return self._walks[key]
 

@@ -240,7 +240,7 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
                         parent=guarded(seg0.parent), parent_bounds=guarded(seg0.parent_bounds),
-                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans, loads=seg0.loads,
+                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans,
                         warm_up=variant == "cp-warm-up")
                     NS = seg0.layout.N
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
