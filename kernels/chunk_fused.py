@@ -41,7 +41,9 @@ one pair's prep overlaps another's walk. 1.02-1.27x there (1.05x at qwen3-next B
 sequences, dealt to its programs longest first, so fewer walks, or walks that leave SMs idle, lose. It also walks
 warm-up segments of 16 chunks or more (see SPECIALIZED_MIN_SEGMENT_CHUNKS; ``SegmentLayout.walks``), sized so that
 its programs take them evenly (``plan_segments``): 1.06-1.20x over the transposed walk there on qwen3-next B=1 and
-1.13-1.29x on long-prefill's rows (H100).
+1.13-1.29x on long-prefill's rows (H100); and, on 128+ sequence walks, shorter segments where they cut the makespan
+that the longest sequences set (1.17-1.57x on unequal varlen batches, 1.43x at B=6 T=4096 HV=32; H200), and short
+walks as one segment each (1.00-1.04x; see SPECIALIZED_SHORT_WALK_CHUNKS).
 
 On Hopper, with the gates given and no in-kernel L2 norm, the prep kernel is a Gluon kernel instead
 (``chunk_prep_sm90``, ``prep="sm90"``; default: ``plan_prep``): the same math and rounding with a fraction of
@@ -496,6 +498,23 @@ SPECIALIZED_MIN_SEGMENT_CHUNKS = 16
 # a program, 128 of them; the even share: 248.2). Up to 128 until the forty-fourth session; of qwen3-next's and
 # long-prefill's rows only T=65536 takes a size over 128 now.
 SPECIALIZED_MAX_SEGMENT_CHUNKS = 256
+# On SPECIALIZED_MIN_WALKS sequence walks or more, its programs also take warm-up segments of from 2 chunks (the
+# largest size of the least makespan, for the fewest warm-ups), so that the longest sequences no longer set the
+# makespan, where that cuts it to SPECIALIZED_MAX_SPLIT_MAKESPAN or less (qwen3-next B=4 T=8192: 126 against 128,
+# kept whole); and walks shorter than SPECIALIZED_SHORT_WALK_CHUNKS, which it would walk whole, run as warm-up
+# segments of one sequence each, whose first chunk skips (K S)^T and (Q S)^T without h0 (on whole walks that skip
+# cost qwen3-next B=4 T=8192 3%). H200, forty-seventh session, revision A/B (us, the rule before -> now; size):
+#   cut: parity varlen N=64 T=6656 HV=4 (the specialized kernel on whole walks of up to 7 chunks) 35.5 -> 30.4 (5),
+#       varlen N=32 T=4096 HV=4 (the transposed walk over segments of 4) 33.2 -> 25.1 (3); varlen N=32 T=8192 HV=8
+#       60.2 -> 45.4 (9), N=64 T=16384 HV=4 72.5 -> 46.3 (9), one sequence of 7 chunks and 63 of one (HV=4) 33.0 ->
+#       23.6 (2); B=6 T=4096 H=16 HV=32 (192 walks of 64 chunks, the transposed walk) 498.3 -> 349.1 (31);
+#   one segment a sequence: parity B=16 T=256 26.1 -> 25.7, B=32 T=128 27.7 -> 26.8, B=64 T=64 31.3 -> 30.0;
+#       B=64 T=256 H=8 72.6 -> 70.3, B=16 T=192 22.3 -> 22.1, B=16 T=64 15.4 -> 15.4; varlen N=128 T=8192 HV=4
+#       40.8 -> 39.1, N=64 T=4096 HV=8 42.4 -> 41.0;
+#   measured beforehand: N=16 T=16384 H=16 HV=32 (whole walks of up to 36 chunks, makespan 68) 254.2 -> 256.7 on
+#       segments of 8 (makespan 71), slower on shorter ones (now kept whole: 31 chunks would make it 66).
+SPECIALIZED_SHORT_WALK_CHUNKS = 16
+SPECIALIZED_MAX_SPLIT_MAKESPAN = 0.9
 
 
 def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
@@ -507,10 +526,12 @@ def _specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
     return segments.walks(HV, _specialized_programs(segments.layout, HV, device))
 
 
-def _specialized_segments(chunks: int, q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> bool:
-    """Whether warm-up segments of ``chunks`` chunks go to walk=SPECIALIZED by default."""
-    return chunks >= SPECIALIZED_MIN_SEGMENT_CHUNKS and chunk_specialized_sm90.unsupported(q, V, raw_gate,
-                                                                                         qk_l2norm) is None
+def _specialized_segments(layout: ChunkLayout, HV: int, chunks: int, q: Tensor, V: int, raw_gate: bool,
+                          qk_l2norm: bool) -> bool:
+    """Whether warm-up segments of ``chunks`` chunks, of the sequences of ``layout``, go to walk=SPECIALIZED by
+    default: where they are SPECIALIZED_MIN_SEGMENT_CHUNKS long, or the sequences' walks SPECIALIZED_MIN_WALKS."""
+    return (chunks >= SPECIALIZED_MIN_SEGMENT_CHUNKS or layout.N * HV >= SPECIALIZED_MIN_WALKS) and \
+        chunk_specialized_sm90.unsupported(q, V, raw_gate, qk_l2norm) is None
 
 
 def _specialized_programs(layout: ChunkLayout, HV: int, device: torch.device) -> int:
@@ -567,12 +588,15 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
 def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool = False,
                   raw_gate: bool = False) -> int | None:
     """Chunks per warm-up segment by default, or None for the sequential walk: ``warm_up_default``'s, except where
-    the warp-specialized kernel would walk them (``walk_default``: SPECIALIZED_MIN_SEGMENT_CHUNKS or more, the gates
-    given): there the size from that to SPECIALIZED_MAX_SEGMENT_CHUNKS whose segments, each but a sequence's first
-    with one chunk of warm-up (strong decay), its programs (one a SM) take with the least makespan, the smallest on a
-    tie."""
+    the warp-specialized kernel would walk them (``_specialized_segments``, the gates given). There the size whose
+    segments, each but a sequence's first with one chunk of warm-up (strong decay), its programs (one a SM) take
+    with the least makespan: from SPECIALIZED_MIN_SEGMENT_CHUNKS to SPECIALIZED_MAX_SEGMENT_CHUNKS (the smallest on
+    a tie) where ``warm_up_default``'s are that long; else, on SPECIALIZED_MIN_WALKS sequence walks or more, from 2
+    chunks (the largest on a tie), also where ``warm_up_default`` keeps whole sequences if that size cuts their
+    makespan to SPECIALIZED_MAX_SPLIT_MAKESPAN of theirs, and one segment a sequence where they are shorter than
+    SPECIALIZED_SHORT_WALK_CHUNKS and the kernel would walk them whole."""
     chunks = warm_up_default(layout, HV, V, q.device)
-    if chunks is None or not _specialized_segments(chunks, q, V, raw_gate, qk_l2norm):
+    if not _specialized_segments(layout, HV, chunks or 0, q, V, raw_gate, qk_l2norm):
         return chunks
     lengths = [triton.cdiv(end - start, CHUNK) for start, end in layout.spans]
     programs = sm_count(q.device)
@@ -580,13 +604,21 @@ def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bo
     def makespan(size: int) -> int:
         return max(deal_longest_first(warm_up_loads(lengths, size) * HV, programs)[1])
 
-    return min(range(SPECIALIZED_MIN_SEGMENT_CHUNKS, SPECIALIZED_MAX_SEGMENT_CHUNKS + 1), key=makespan)
+    if chunks is not None and chunks >= SPECIALIZED_MIN_SEGMENT_CHUNKS:
+        return min(range(SPECIALIZED_MIN_SEGMENT_CHUNKS, SPECIALIZED_MAX_SEGMENT_CHUNKS + 1), key=makespan)
+    longest = max(lengths)  # many sequence walks (_specialized_segments) from here on
+    size = min(range(2, max(min(longest, SPECIALIZED_MAX_SEGMENT_CHUNKS), 2) + 1), key=lambda s: (makespan(s), -s))
+    if chunks is not None or makespan(size) <= SPECIALIZED_MAX_SPLIT_MAKESPAN * makespan(longest):
+        return size
+    short = longest < SPECIALIZED_SHORT_WALK_CHUNKS
+    return longest if short and walk_default(layout, q, V, HV, qk_l2norm, raw_gate=raw_gate) == SPECIALIZED else None
 
 
 def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
                  segments: SegmentLayout | None = None, raw_gate: bool = False) -> str:
     """Which walk runs by default, where the Gluon walks run (the output always fused in): over warm-up segments,
-    SPECIALIZED on segments of SPECIALIZED_MIN_SEGMENT_CHUNKS or more with the gates given, else "sm90_transposed"
+    SPECIALIZED where ``_specialized_segments`` says so (segments of SPECIALIZED_MIN_SEGMENT_CHUNKS or more, or
+    SPECIALIZED_MIN_WALKS sequence walks or more, with the gates given), else "sm90_transposed"
     (chunk_walk_transposed_sm90); on whole sequences, "sm90_transposed" where its programs
     outnumber the SMs (or, on walks too short for warm-up segments, fill more than half of them)
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (chunk_walk_sm90) where its
@@ -599,7 +631,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     if segments is not None:
         if not segments.warm_up:
             return "triton"
-        return SPECIALIZED if _specialized_segments(segments.chunks, q, V, raw_gate, qk_l2norm) else "sm90_transposed"
+        return SPECIALIZED if _specialized_segments(layout, HV, segments.chunks, q, V, raw_gate,
+                                                     qk_l2norm) else "sm90_transposed"
     walks, sms, chunks = layout.N * HV, sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
     programs = walks * triton.cdiv(V, chunk_walk_transposed_sm90.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments

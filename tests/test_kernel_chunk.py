@@ -793,22 +793,29 @@ def test_warm_up_segments_by_default_only_where_the_walks_are_few_or_unequal(len
     ([32768], 32, False, 125),
     ([16384], 32, False, 63),  # warm_up_default's size is the best already
     ([2048] * 4, 8, False, 8),  # under SPECIALIZED_MIN_SEGMENT_CHUNKS: the transposed walk's
-    ([8192] * 4, 32, False, None),  # no segments
+    ([8192] * 4, 32, False, None),  # no segments: 126 chunks would cut the makespan only from 128 to 126
+    ([4096] * 6, 32, False, 31),  # 192 walks of 64 chunks: makespan 128 -> 97
+    ([448] + [64] * 63, 4, False, 2),  # 256 walks, the longest of 7 chunks, the others of one: 7 -> 3
+    ([256] * 16, 8, False, 4),  # 128 walks of 4 chunks: one segment a sequence, for its first chunk's skip
+    ([64] * 128, 4, False, 1),  # and 512 of one chunk
 ])
 def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunks, monkeypatch):
     """plan_segments on a faked H100 (132 SMs, every kernel's envelope open): where the warp-specialized kernel walks
     the segments, the size whose walks (a chunk of warm-up each but a sequence's first) its 132 programs take with the
-    least makespan, as WalkOrder deals them."""
+    least makespan, as WalkOrder deals them: of 16 chunks or more on few walks, from 2 on many (128 or more)."""
     from gdnbench_kernels import chunk, chunk_fused
 
     monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
     monkeypatch.setattr(chunk_fused.chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw" if raw else None)
+    for module in chunk_fused.GLUON_WALKS.values():
+        monkeypatch.setattr(module, "unsupported", lambda *a: None)
     warm_up_default = chunk_fused.warm_up_default
     monkeypatch.setattr(chunk_fused, "warm_up_default", lambda *a: warm_up_default(*a[:3], torch.device("cuda")))
     layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
     q = torch.empty(1, sum(lengths), 16, 128)
     assert chunk_fused.plan_segments(layout, q, 128, HV, raw_gate=raw) == chunks
-    if chunks and not raw and chunks >= chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS:
+    many = len(lengths) * HV >= chunk_fused.SPECIALIZED_MIN_WALKS
+    if chunks and not raw and (many or chunks >= chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS):
         def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, a chunk of warm-up each but
             dealt = chunk.SegmentLayout.build(layout, size, warm_up=True).walks(HV, 132)  # a sequence's first
             loads = [sum(-(-(end - first) // 64) + (first > start)
@@ -817,7 +824,8 @@ def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunk
             assert loads == dealt.program_chunks.tolist()
             return dealt.makespan
 
-        sizes = range(chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS, chunk_fused.SPECIALIZED_MAX_SEGMENT_CHUNKS + 1, 7)
+        least = 2 if many else chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS
+        sizes = range(least, chunk_fused.SPECIALIZED_MAX_SEGMENT_CHUNKS + 1, 1 if many else 7)
         assert all(makespan(chunks) <= makespan(size) for size in sizes)
 
 

@@ -191,8 +191,8 @@ def test_walk_choice_and_its_errors():
 ])
 def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipeline, monkeypatch):
     """walk_default, plan_walk and pipeline_default on an H100's 132 SMs, with the device's answers faked on a
-    CPU: over warm-up segments the warp-specialized kernel where they are long enough, else the transposed walk;
-    over plain ones the Triton walk."""
+    CPU: over warm-up segments the warp-specialized kernel where they are long enough or the sequences' walks 128 or
+    more, else the transposed walk; over plain ones the Triton walk."""
     from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
 
     for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
@@ -202,9 +202,10 @@ def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipelin
     q = torch.empty(B, T, 16, 128)
     assert chunk_fused.walk_default(layout, q, 128, HV, False) == walk
     assert chunk_fused.walk_default(layout, q, 128, HV, False, chunk.SegmentLayout.build(layout, 8)) == "triton"
-    warm_up = chunk.SegmentLayout.build(layout, 4, warm_up=True)
-    assert chunk_fused.walk_default(layout, q, 128, HV, False, warm_up) == "sm90_transposed"
-    assert chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up) == ("sm90_transposed", True)
+    warm_up = chunk.SegmentLayout.build(layout, 4, warm_up=True)  # short segments: on many walks, the specialized
+    over_short = "sm90_specialized" if B * HV >= chunk_fused.SPECIALIZED_MIN_WALKS else "sm90_transposed"  # kernel
+    assert chunk_fused.walk_default(layout, q, 128, HV, False, warm_up) == over_short
+    assert chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up) == (over_short, True)
     longer = chunk.SegmentLayout.build(layout, chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS, warm_up=True)
     assert chunk_fused.walk_default(layout, q, 128, HV, False, longer) == "sm90_specialized"
     with pytest.raises(ValueError, match="whole sequences"):
