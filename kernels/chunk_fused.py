@@ -75,6 +75,7 @@ lives in ``chunk``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -601,6 +602,7 @@ def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bo
     lengths = [triton.cdiv(end - start, CHUNK) for start, end in layout.spans]
     programs = sm_count(q.device)
 
+    @functools.cache  # the chosen size's and the whole walks' are asked again below
     def makespan(size: int) -> int:
         return max(deal_longest_first(warm_up_loads(lengths, size) * HV, programs)[1])
 
