@@ -792,6 +792,8 @@ class WalkOrder:
     walks: Tensor  # [rounds * programs, WALK_ROW] int32 ((-1, 0, 0, 0, 0): none)
     program_chunks: Tensor  # [programs] int32
     empty: Tensor  # [E] int64: the walks of no chunk left out (``deal``'s drop_empty), whose final state is their h0
+    first_rows: tuple[tuple[int, int, int, int, int], ...]  # each program's first row, on the host
+    _regular: dict[int, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def deal(cls, rows: list[tuple[int, int, int, int, int]], loads: list[int], programs: int,
@@ -814,7 +816,20 @@ class WalkOrder:
                    counts=torch.tensor([len(mine) for mine in dealt], dtype=torch.int32, device=device),
                    walks=torch.tensor(table, dtype=torch.int32, device=device).reshape(-1, WALK_ROW),
                    program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device),
-                   empty=torch.tensor(empty, dtype=torch.int64, device=device))
+                   empty=torch.tensor(empty, dtype=torch.int64, device=device), first_rows=tuple(table[:programs]))
+
+    def regular(self, heads: int) -> tuple[int, int]:
+        """(T, flags) where every program p's first row is walk p over T tokens from T (p // heads), with the flags
+        of program 0's (a padded batch's whole sequences, or one segment each, dealt in order: a kernel can compute
+        that row where it would read it, a round trip sooner at the launch); (0, 0) where not. Kept per heads."""
+        if heads not in self._regular:
+            _, start, _, end, flags = self.first_rows[0]
+            period = end - start
+            regular = period > 0 and all(row == (p, period * (p // heads), period * (p // heads),
+                                                 period * (p // heads + 1), flags)
+                                         for p, row in enumerate(self.first_rows))
+            self._regular[heads] = (period, flags) if regular else (0, 0)
+        return self._regular[heads]
 
     def fill(self, slots: int) -> float:
         """The share of ``slots`` programs' time over the makespan that walks take (1: none idle)."""

@@ -570,6 +570,25 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     assert order.counts.tolist() == [0, 0] and order.walks.tolist() == [[-1, 0, 0, 0, 0]] * 2
 
 
+def test_a_regular_first_round_is_told_apart():
+    """WalkOrder.regular: (T, flags) only where every program's first row is the one a kernel would compute, walk p
+    over T tokens from T (p // heads): padded sequences, whole or as one segment each, dealt in order."""
+    from gdnbench_kernels.chunk import ChunkLayout, SegmentLayout, WalkOrder
+
+    padded = ChunkLayout.build(5, 130, None, CPU)  # 10 walks of 3 chunks
+    assert padded.walk_order(2, 4).regular(2) == (130, 3)
+    assert padded.walk_order(2, 4).regular(1) == (0, 0)  # walk p's sequence is p // 2, not p
+    assert padded.walk_order(2, 12).regular(2) == (0, 0)  # programs 10 and 11 have no walk
+    one_each = SegmentLayout.build(padded, 3, warm_up=True).walks(2, 4)
+    assert one_each.regular(2) == (130, 2)  # a segment that ends its sequence stores ht; the kernel finds h0
+    assert SegmentLayout.build(padded, 2, warm_up=True).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
+    varlen = ChunkLayout.build(1, 390, torch.tensor([0, 130, 260, 390]), CPU)  # equal, but longest first: in order
+    assert varlen.walk_order(1, 3).regular(1) == (130, 3)
+    varlen = ChunkLayout.build(1, 390, torch.tensor([0, 100, 260, 390]), CPU)
+    assert varlen.walk_order(1, 3).regular(1) == (0, 0)
+    assert WalkOrder.deal([(0, 0, 0, 0, 3)], [0], 1, CPU).regular(1) == (0, 0)  # an empty walk
+
+
 def test_segments_cut_each_sequence_at_chunk_boundaries():
     from gdnbench_kernels import chunk, chunk_fused
 

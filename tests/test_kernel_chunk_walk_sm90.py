@@ -71,7 +71,8 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
                  LOAD_REGS=spec.LOAD_REGS)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
                o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", scale="fp32", order_counts="*i32",
-               order_walks="*i32", order_chunks="*i32", **{name: "constexpr" for name in const})
+               order_walks="*i32", order_chunks="*i32", order_period="i32", order_flags="i32",
+               **{name: "constexpr" for name in const})
     compiled = compile_sm90(spec._specialized_kernel, sig, const, interpreted=False, num_warps=spec.WARPS,
                             maxnreg=spec.MAX_REGS)
     assert compiled.metadata.shared <= 227 * 1024
