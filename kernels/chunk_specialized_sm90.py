@@ -16,9 +16,9 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (227 KB, one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two
-(the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange; each walker's S^T in
-bf16, for (K S)^T and (Q S)^T. The output leaves by TMA through the walker's half of the chunk's v tile, once read.
+Shared memory (one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two (the Ai
+stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange; 32 KB of the 227 are free
+since the forty-eighth session. The output leaves by TMA through the walker's half of the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
@@ -62,7 +62,11 @@ leaves the row in the walk's first stage for the prep and the walkers, where a k
 1.02-1.06x on qwen3-next B=1 (H200; whole walks read their rows from memory as before, since waiting for the first
 chunk to read the row cost parity's short walks 1-3%). Forty-eighth session: where each program's first row is one it
 can compute (``WalkOrder.regular``: padded sequences dealt in order) the loader does, a round trip sooner at the launch:
-1.004-1.018x on parity's padded short walks (H200), level elsewhere.
+1.004-1.018x on parity's padded short walks (H200), level elsewhere. Then S^T back in registers as the A operand of
+(K S)^T and (Q S)^T, one half of K at a time (``_walk_chunk``), where since the thirty-sixth session it went through
+shared memory: no S^T store and fence a chunk, half the shared-memory reads of those two products, and ptxas pipelines
+the wgmmas at 176 registers still. The walkers alone 1.19x faster at B=4 T=8192; the kernel 1.03-1.09x over
+71bec99's, the computed rows included (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -177,7 +181,7 @@ if GLUON_MISSING is None:
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
         cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch, and where its row is regular without reading it either
         first = _first_walk_bounds(order, HV, BT)
@@ -193,7 +197,7 @@ if GLUON_MISSING is None:
         WARM_UP: the row holds the sequence's start, and the walk starts where the decay before its first output
         token runs out (``chunk.WalkOrder``): found here, where a kernel of its own launched before this one did it
         (qwen3-next B=1 1.02-1.06x, H200, forty-sixth session)."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
         k_s, q_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
@@ -267,7 +271,7 @@ if GLUON_MISSING is None:
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
         kq_ready, walk_s = ring[3], ring[5]
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
             it = 0
@@ -298,14 +302,6 @@ if GLUON_MISSING is None:
         mbarrier.arrive(g_free.index(gs), count=1)
 
     @gluon.jit
-    def _store_state(S, s_s):
-        """S^T into s_s for (K S)^T and (Q S)^T: from registers, its 32 more registers kept the two products from
-        pipelining, and ptxas serialized every wgmma of the kernel (1.02-1.14x, BENCHMARKS.md, thirty-sixth
-        session)."""
-        s_s.store(S.to(s_s.dtype))
-        fence_async_shared()
-
-    @gluon.jit
     def _release_last_stage(it, kq_free, NA: gl.constexpr):
         """The stage of this program's chunk before ``it`` back to the loader, once its output has left its v tile."""
         if it > 0:
@@ -314,13 +310,17 @@ if GLUON_MISSING is None:
             mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
 
     @gluon.jit
-    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, s_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
+    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, o_desc, o, col_v, scale, HALF: gl.constexpr,
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
                     NC: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
-        tok is before the walk's first output token (a warm-up chunk, ``chunk.SegmentLayout.walks``). s_s: this walker's
-        [BV, K] tile for S^T, which holds this chunk's S^T on entry and the next one's on return (``_store_state``, not
-        after a walk's last chunk); fresh: S is 0, so (K S)^T and (Q S)^T are too. Returns S."""
+        tok is before the walk's first output token (a warm-up chunk, ``chunk.SegmentLayout.walks``); fresh: S is 0,
+        so (K S)^T and (Q S)^T are too. Returns S.
+
+        (K S)^T and (Q S)^T take S^T from registers as their A operand, one half of K at a time, the first half's
+        products waited for before the second half's operand is made: with both halves' operands live at once ptxas
+        serialized every wgmma of the kernel, and through shared memory S^T cost a store and a fence a chunk and the
+        shared-memory reads of both products (BENCHMARKS.md, thirty-sixth and forty-eighth sessions)."""
         k_s, q_s, v_s, kq_ready, kq_free, _ = ring
         ai_s, p_s, gc_s, c_ready, c_free = made
         dt: gl.constexpr = k_s.dtype
@@ -330,17 +330,25 @@ if GLUON_MISSING is None:
         cs = it % NC
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         zero = gl.zeros([BV, BT], gl.float32, mma)
-        mbarrier.wait(kq_ready.index(s), (it // NA) & 1)  # S^T is in s_s (``_store_state``)
+        mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         k_cur = k_s.index(s)
+        q_cur = q_s.index(s)
         if fresh:
             _release_last_stage(it, kq_free, NA)
             KS = zero
             QS = zero
         else:
-            KS = warpgroup_mma(s_s, k_cur.permute((1, 0)), zero, use_acc=False, is_async=True)
-            QS = warpgroup_mma(s_s, q_s.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+            K2: gl.constexpr = S.shape[1] // 2
+            S_lo, S_hi = gl.split(gl.permute(gl.reshape(S, [BV, 2, K2]), (0, 2, 1)))
+            S_a = gl.convert_layout(S_lo.to(dt), a_op)
+            KS = warpgroup_mma(S_a, k_cur.slice(0, K2, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            QS = warpgroup_mma(S_a, q_cur.slice(0, K2, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
+            KS, QS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, S_a))
+            S_a = gl.convert_layout(S_hi.to(dt), a_op)
+            KS = warpgroup_mma(S_a, k_cur.slice(K2, K2, dim=1).permute((1, 0)), KS, is_async=True)
+            QS = warpgroup_mma(S_a, q_cur.slice(K2, K2, dim=1).permute((1, 0)), QS, is_async=True)
             _release_last_stage(it, kq_free, NA)  # while these run
-            KS, QS = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS))
+            KS, QS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, S_a))
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         gc_c = gc_s.index(cs).load(gl.SliceLayout(0, mma))  # past the end: the last token's
         gc_last = gl.sum(gl.where(c == BT - 1, gc_c, 0.0), axis=0)
@@ -355,13 +363,11 @@ if GLUON_MISSING is None:
         S = warpgroup_mma(vnd_a, k_cur, S * exp(gc_last), is_async=True)
         O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * exp(gc_c)[None, :], is_async=True)  # P^T
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
-        if tok + BT < eos:  # the next chunk's S^T, before this one's output leaves
-            _store_state(S, s_s)
         fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
         cta_barrier()
         mbarrier.arrive(c_free.index(cs), count=1)
         # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
-        # next chunk (through s_s, the next chunk's S^T waited for the copy)
+        # next chunk, once the copy has read it (``_release_last_stage``)
         if not WARM_UP or tok >= first:
             _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
         return S
@@ -373,7 +379,7 @@ if GLUON_MISSING is None:
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
         (``chunk.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
         its end and output from their first token on."""
-        ring, made, d_s, descs, s_s, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
         kq_ready, walk_s = ring[3], ring[5]
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -390,15 +396,14 @@ if GLUON_MISSING is None:
             if USE_H0:
                 if takes_h0:
                     S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
-            _store_state(S, s_s.index(HALF))
             col_v = i_h * V + HALF * BV
             for t in range(NT):
                 if WARM_UP:  # a segment that takes no h0 starts from S = 0
                     fresh = (t == 0) & (not USE_H0 or not takes_h0)
                 else:  # so do whole walks without h0, but skipping their first products cost B=4 T=8192 3%
                     fresh = False
-                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, s_s.index(HALF), o_desc, o, col_v,
-                                scale, HALF, HV, V, BT, BV, NA, NC, WARM_UP)
+                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, o_desc, o, col_v, scale, HALF, HV,
+                                V, BT, BV, NA, NC, WARM_UP)
                 it += 1
             if STORE_HT:
                 if stores_ht:
@@ -432,7 +437,6 @@ if GLUON_MISSING is None:
         ai_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        s_s = gl.allocate_shared_memory(dt, [2, BV, K], gl.NVMMASharedLayout.get_default_for([BV, K], dt))
         d_s = (gl.allocate_shared_memory(dt, [BT, BT], tile),  # the prep's D and its block inverses' exchange
                gl.allocate_shared_memory(gl.float16, [BT, 16], EXCHANGE_SHARED))
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
@@ -454,7 +458,7 @@ if GLUON_MISSING is None:
             mbarrier.init(g_free.index(i), count=1)
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ring = (k_s, q_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
-        args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), s_s, g, beta, o, h0, ht, scale,
+        args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
                 (order_counts, order_walks, order_chunks, order_period, order_flags), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
