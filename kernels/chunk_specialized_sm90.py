@@ -87,7 +87,7 @@ if GLUON_MISSING is None:
     from .chunk_prep_sm90 import EXCHANGE_SHARED, _solve
     from .chunk_walk_transposed_sm90 import _state_offsets, _store_output, _warm_up_start
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
-                               tma_store, unhoisted, warpgroup_mma, warpgroup_mma_wait)
+                               unhoisted, warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["chunk_specialized", "unsupported", "describe"]
 
