@@ -7,6 +7,12 @@ be done here (the kernel module was imported under TRITON_INTERPRET, or triton l
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import tempfile
+from unittest import mock
+
 import pytest
 
 
@@ -19,7 +25,8 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
     warp-specialized kernel's partitions split it with setmaxnreg); interpreted: the kernel
     module's INTERPRETED flag. Pointer arguments are taken as 16-byte aligned (``tt.divisibility``),
     as the JIT specializes them for torch tensors: without it every tile load compiles to scalar
-    loads, no load is pipelined and the register counts nearly double.
+    loads, no load is pipelined and the register counts nearly double. Fails where ptxas serialized the kernel's
+    wgmmas.
     """
     import triton
 
@@ -41,7 +48,14 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
         from triton.experimental.gluon._runtime import GluonASTSource as source
     aligned = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names) if signature[arg].startswith("*")}
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
-    compiled = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options=options)
+    # compiled afresh, so that ptxas runs and triton prints its log, read here: no kernel may have its wgmmas serialized
+    # (C7512: too few registers to keep a wgmma's operands live while it runs), which nothing says at run time and
+    # which cost the warp-specialized kernel 2-14% (BENCHMARKS.md, thirty-sixth session)
+    with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(io.StringIO()) as log, \
+            mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": cache, "TRITON_DUMP_PTXAS_LOG": "1"}):
+        compiled = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),
+                                  target=GPUTarget("cuda", 90, 32), options=options)
     assert "cubin" in compiled.asm and ".reg" in compiled.asm["ptx"]
+    assert "registers" in log.getvalue(), f"no ptxas log to read: {log.getvalue()!r}"
+    assert "C7512" not in log.getvalue(), log.getvalue()
     return compiled
