@@ -22,20 +22,26 @@ else:
     GLUON_MISSING = None
 
 __all__ = ["GLUON_MISSING", "gluon", "gl", "fence_async_shared", "mbarrier", "mma_v2", "tma", "warpgroup_mma",
-           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "unhoisted", "descriptor",
-           "sm_count", "unsupported_inputs"]
+           "warpgroup_mma_wait", "tma_load", "tma_store", "cta_barrier", "exp", "exp2", "LOG2E", "unhoisted",
+           "descriptor", "sm_count", "unsupported_inputs"]
 
 if GLUON_MISSING is None:
     # renamed after triton 3.6: TMA copies (async_copy_global_to_shared -> async_load, ...)
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # likewise thread_barrier -> barrier
+    LOG2E = gl.constexpr(1.4426950408889634)  # gates kept in log2 units take one bare ex2 each (exp2)
+
+    @gluon.jit
+    def exp2(x):
+        """2^x of fp32 x as one ex2.approx.ftz."""
+        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                         pack=1)
 
     @gluon.jit
     def exp(x):
         """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
-        return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
-                                         dtype=gl.float32, is_pure=True, pack=1)
+        return exp2(x * LOG2E)
 
     @gluon.jit
     def unhoisted(x):
