@@ -1,7 +1,7 @@
 """What the Gluon kernels for Hopper (``chunk_walk_sm90``, ``chunk_prep_sm90``, ...) share: Gluon's imports (a
 triton without Gluon leaves GLUON_MISSING set and the Triton kernels run instead), the TMA copies and the barrier
-under the names of any triton from 3.6 on, exp as one instruction, TMA descriptors over token-major tensors, and the
-check every such kernel starts from."""
+under the names of any triton from 3.6 on, exp and 2^x as one instruction each, TMA descriptors over token-major
+tensors, and the check every such kernel starts from."""
 
 from __future__ import annotations
 
