@@ -17,8 +17,9 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
 Shared memory (one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two (the Ai
-stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange; 32 KB of the 227 are free
-since the forty-eighth session. The output leaves by TMA through the walker's half of the chunk's v tile, once read.
+stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange: 188.5 KB, so 38.5 of the 227
+are free (the S^T tiles' 32 KB since the forty-eighth session). The output leaves by TMA through the walker's half of
+the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
