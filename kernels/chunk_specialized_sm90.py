@@ -7,8 +7,9 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
 ``chunk.SegmentLayout.walks``, whose warm-up chunks store no output), dealt on the host longest first
 (``chunk.WalkOrder``), and its four warpgroups overlap them:
 
-  - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, as many
-    chunks ahead as the stages let it;
+  - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, with the
+    exps the walkers take of them, 2^gc and 2^(gc_last - gc) (gc in log2 units), as many chunks ahead as the
+    stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
     inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
     (whose gates are A's), into shared memory, one chunk ahead of the walkers;
@@ -16,10 +17,10 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (one program per SM): k, q and v in three stages, the gates in three, Ai, P and gc in two (the Ai
-stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange: 188.5 KB, so 38.5 of the 227
-are free (the S^T tiles' 32 KB since the forty-eighth session). The output leaves by TMA through the walker's half of
-the chunk's v tile, once read.
+Shared memory (one program per SM): k, q and v in three stages, the gates and their exps in three, Ai and P in two
+(the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange: 189.5 KB, so 37.5 of
+the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output leaves by TMA through the
+walker's half of the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
@@ -69,7 +70,10 @@ shared memory: no S^T store and fence a chunk, half the shared-memory reads of t
 the wgmmas at 176 registers still. The walkers alone 1.19x faster at B=4 T=8192; the kernel 1.03-1.09x over
 71bec99's, the computed rows included (H200). Fiftieth session: gc kept in log2 units from the loader's cumsum on, so
 that each of its exps is one bare ex2 (2-3.5% fewer instructions in the prep and the walkers): 1.00-1.04x (B=4
-T=8192: 1.044x, H200).
+T=8192: 1.044x, H200). Fifty-second session: the walkers' exps of the gates (33 ex2 a chunk each) made once by
+the loader, which spends two a token on them: per-step clock64 stamps had shown the prep's exp and block-inverse
+steps taking twice their time alone beside the walkers (BENCHMARKS.md); the walkers now compile without spills.
+1.024x at B=4 T=8192 and 1.009x at parity B=16 T=256, level elsewhere (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -97,9 +101,9 @@ __all__ = ["chunk_specialized", "unsupported", "describe"]
 BT = 64  # tokens per chunk (chunk.CHUNK)
 BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
-NC = 2  # stages of Ai, P and gc
+NC = 2  # stages of Ai and P
 WARPS = 4  # per warpgroup: the default one walks columns 0-63
-NG = 3  # stages of the gates (gc and beta)
+NG = 3  # stages of the gates (GATE_ROWS)
 WALK_REGS = 176  # of 512 for the four (128 each at launch); at 168 ptxas serializes the wgmmas
 PREP_REGS = 136
 LOAD_REGS = 24
@@ -110,6 +114,7 @@ if GLUON_MISSING is None:
     _WALK_ROW = gl.constexpr(WALK_ROW)
     _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
     _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
+    GATE_ROWS = gl.constexpr(4)  # a chunk's stage of gates: gc, beta, 2^gc, 2^(gc_last - gc)
 
     @gluon.jit
     def _my_walks(order):
@@ -182,8 +187,9 @@ if GLUON_MISSING is None:
                           BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                           USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
-        sequence's end), into theirs, as far ahead of the prep as the stages let it. One token a thread: the
-        cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a [64, 64] tile (32 registers a thread)."""
+        sequence's end), with 2^gc and 2^(gc_last - gc) for the walkers, into theirs, as far ahead of the prep as the
+        stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a
+        [64, 64] tile (32 registers a thread)."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch, and where its row is regular without reading it either
@@ -233,19 +239,23 @@ if GLUON_MISSING is None:
             g_t = gl.load(g + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
             b_t = gl.load(beta + (tok + i) * HV + i_h, mask=live, other=0.0).to(gl.float32)
             gc = gl.associative_scan(g_t * LOG2E, 0, _add)  # log2 units: each exp of gc is one bare ex2
+            # gc_last - gc as a scan from the end: gc_last by a reduction cost one-chunk walks 6-8% (parity B=64 T=64)
+            to_end = gl.associative_scan(g_t * LOG2E, 0, _add, reverse=True) - g_t * LOG2E
             gs = it % NG
             mbarrier.wait(g_free.index(gs), ((it // NG) & 1) ^ 1)
-            gate_s.index(2 * gs).store(gc)
-            gate_s.index(2 * gs + 1).store(b_t)
+            gate_s.index(GATE_ROWS * gs).store(gc)
+            gate_s.index(GATE_ROWS * gs + 1).store(b_t)
+            gate_s.index(GATE_ROWS * gs + 2).store(exp2(gc))
+            gate_s.index(GATE_ROWS * gs + 3).store(exp2(to_end))
             cta_barrier()  # every thread's stores are done before the one arrival
             mbarrier.arrive(g_ready.index(gs), count=1)
             it += 1
         return it
 
     @gluon.jit
-    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, gc_dst, d_s, BT: gl.constexpr):
-        """gc, Ai and P of one chunk into gc_dst, ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g
-        its gates; d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``).
+    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, BT: gl.constexpr):
+        """Ai and P of one chunk into ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g its gates;
+        d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``).
 
         P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
         are A's, exp(gc_r - gc_c) over the whole tile (above the diagonal they may overflow, where the solve never
@@ -255,7 +265,6 @@ if GLUON_MISSING is None:
         gc_r = gc_g.load(gl.SliceLayout(1, mma))
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         beta_r = beta_g.load(gl.SliceLayout(1, mma))
-        gc_dst.store(gc_c)
         zero = gl.zeros([BT, BT], gl.float32, mma)
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
@@ -273,7 +282,7 @@ if GLUON_MISSING is None:
     def _prep_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
-        """Computes every chunk's Ai and P^T, and passes its gc on, one stage ahead of the walkers."""
+        """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
         kq_ready, walk_s = ring[3], ring[5]
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
@@ -291,7 +300,7 @@ if GLUON_MISSING is None:
                    NG: gl.constexpr):
         """The prep of this program's chunk ``it``, once its tiles and gates are in and its stage of Ai is free."""
         k_s, q_s, v_s, kq_ready, kq_free, walk_s = ring
-        ai_s, p_s, gc_s, c_ready, c_free = made
+        ai_s, p_s, c_ready, c_free = made
         gate_s, g_ready, g_free = gates
         s = it % NA
         cs = it % NC
@@ -299,8 +308,8 @@ if GLUON_MISSING is None:
         mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-        _prep_chunk(gate_s.index(2 * gs), gate_s.index(2 * gs + 1), k_s.index(s), q_s.index(s), ai_s.index(cs),
-                    p_s.index(cs), gc_s.index(cs), d_s, BT)
+        _prep_chunk(gate_s.index(GATE_ROWS * gs), gate_s.index(GATE_ROWS * gs + 1), k_s.index(s), q_s.index(s),
+                    ai_s.index(cs), p_s.index(cs), d_s, BT)
         mbarrier.arrive(c_ready.index(cs), count=1)
         mbarrier.arrive(g_free.index(gs), count=1)
 
@@ -313,9 +322,9 @@ if GLUON_MISSING is None:
             mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
 
     @gluon.jit
-    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, o_desc, o, col_v, scale, HALF: gl.constexpr,
+    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, gates, o_desc, o, col_v, scale, HALF: gl.constexpr,
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
-                    NC: gl.constexpr, WARM_UP: gl.constexpr):
+                    NC: gl.constexpr, NG: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
         tok is before the walk's first output token (a warm-up chunk, ``chunk.SegmentLayout.walks``); fresh: S is 0,
         so (K S)^T and (Q S)^T are too. Returns S.
@@ -325,12 +334,14 @@ if GLUON_MISSING is None:
         serialized every wgmma of the kernel, and through shared memory S^T cost a store and a fence a chunk and the
         shared-memory reads of both products (BENCHMARKS.md, thirty-sixth and forty-eighth sessions)."""
         k_s, q_s, v_s, kq_ready, kq_free, _ = ring
-        ai_s, p_s, gc_s, c_ready, c_free = made
+        ai_s, p_s, c_ready, c_free = made
+        gate_s, _, g_free = gates
         dt: gl.constexpr = k_s.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         s = it % NA
         cs = it % NC
+        gs = it % NG
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         zero = gl.zeros([BV, BT], gl.float32, mma)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
@@ -353,22 +364,26 @@ if GLUON_MISSING is None:
             _release_last_stage(it, kq_free, NA)  # while these run
             KS, QS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, S_a))
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
-        gc_c = gc_s.index(cs).load(gl.SliceLayout(0, mma))  # past the end: the last token's
-        gc_last = gl.sum(gl.where(c == BT - 1, gc_c, 0.0), axis=0)
+        # the gates' exps from the loader, past the end the last token's; their stage goes back to the loader once the
+        # prep and both walkers are done with it (g_free)
+        decay = gate_s.index(GATE_ROWS * gs + 2).load(gl.SliceLayout(0, mma))
+        decay_to_end = gate_s.index(GATE_ROWS * gs + 3).load(gl.SliceLayout(0, mma))
+        decay_last = gl.sum(gl.where(c == BT - 1, decay, 0.0), axis=0)
         # no masks past the sequence's end: beta is 0 there, so Ai's rows and columns of those tokens are 0 and
         # v_new's columns of them come out 0 (X and v_new finite: TMA fills past the tensor's end with zeros)
-        X = v_s.index(2 * s + HALF).permute((1, 0)).load(mma).to(gl.float32) - exp2(gc_c)[None, :] * KS
+        X = v_s.index(2 * s + HALF).permute((1, 0)).load(mma).to(gl.float32) - decay[None, :] * KS
         Xa = gl.convert_layout(X.to(dt), a_op)
         VN = warpgroup_mma(Xa, ai_s.index(cs).permute((1, 0)), zero, use_acc=False, is_async=True)
         VN, Xa = warpgroup_mma_wait(num_outstanding=0, deps=(VN, Xa))
         vn_a = gl.convert_layout(VN.to(dt), a_op)
-        vnd_a = gl.convert_layout((VN * exp2(gc_last - gc_c)[None, :]).to(dt), a_op)
-        S = warpgroup_mma(vnd_a, k_cur, S * exp2(gc_last), is_async=True)
-        O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * exp2(gc_c)[None, :], is_async=True)  # P^T
+        vnd_a = gl.convert_layout((VN * decay_to_end[None, :]).to(dt), a_op)
+        S = warpgroup_mma(vnd_a, k_cur, S * decay_last, is_async=True)
+        O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * decay[None, :], is_async=True)  # P^T
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
         fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
         cta_barrier()
         mbarrier.arrive(c_free.index(cs), count=1)
+        mbarrier.arrive(g_free.index(gs), count=1)
         # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
         # next chunk, once the copy has read it (``_release_last_stage``)
         if not WARM_UP or tok >= first:
@@ -377,8 +392,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker(args, HALF: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
-                STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
+                BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
         (``chunk.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
         its end and output from their first token on."""
@@ -405,8 +420,8 @@ if GLUON_MISSING is None:
                     fresh = (t == 0) & (not USE_H0 or not takes_h0)
                 else:  # so do whole walks without h0, but skipping their first products cost B=4 T=8192 3%
                     fresh = False
-                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, o_desc, o, col_v, scale, HALF, HV,
-                                V, BT, BV, NA, NC, WARM_UP)
+                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, gates, o_desc, o, col_v, scale,
+                                HALF, HV, V, BT, BV, NA, NC, NG, WARM_UP)
                 it += 1
             if STORE_HT:
                 if stores_ht:
@@ -417,13 +432,13 @@ if GLUON_MISSING is None:
     def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
                     STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
-        _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
+        _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
     def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                      BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
                      STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
-        _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
+        _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
     def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
@@ -439,7 +454,6 @@ if GLUON_MISSING is None:
         v_s = gl.allocate_shared_memory(dt, [2 * NA, BT, BV], v_desc.layout)
         ai_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
-        gc_s = gl.allocate_shared_memory(gl.float32, [NC, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         d_s = (gl.allocate_shared_memory(dt, [BT, BT], tile),  # the prep's D and its block inverses' exchange
                gl.allocate_shared_memory(gl.float16, [BT, 16], EXCHANGE_SHARED))
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
@@ -452,13 +466,14 @@ if GLUON_MISSING is None:
         for i in gl.static_range(NC):
             mbarrier.init(c_ready.index(i), count=1)
             mbarrier.init(c_free.index(i), count=2)
-        made = (ai_s, p_s, gc_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
-        gate_s = gl.allocate_shared_memory(gl.float32, [2 * NG, BT], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+        made = (ai_s, p_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
+        gate_s = gl.allocate_shared_memory(gl.float32, [GATE_ROWS * NG, BT],
+                                           gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         g_ready = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
         g_free = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NG):
             mbarrier.init(g_ready.index(i), count=1)
-            mbarrier.init(g_free.index(i), count=1)
+            mbarrier.init(g_free.index(i), count=3)  # the prep and both walkers
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ring = (k_s, q_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
