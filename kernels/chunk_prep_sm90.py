@@ -69,6 +69,15 @@ if GLUON_MISSING is None:
         return gl.convert_layout(x.to(gl.float16), operand)
 
     @gluon.jit
+    def _column_blocks(A, BT: gl.constexpr):
+        """A's four blocks of 16 columns, [BT, 16] each: in an mma layout the block index is register bits, so that
+        picking a row's block is a select per register (where a masked sum over the four was a select and an add)."""
+        lo, hi = gl.split(gl.permute(gl.reshape(A, [BT, 2, 2, 16]), (0, 3, 1, 2)))  # column 32 b1 + 16 b0 + j
+        c0, c2 = gl.split(lo)
+        c1, c3 = gl.split(hi)
+        return c0, c1, c2, c3
+
+    @gluon.jit
     def _block_inverses(A, x_s, BT: gl.constexpr, mma: gl.constexpr):
         """D = blockdiag(Y_01, Y_23), the inverses of I + A's two diagonal 32 x 32 blocks (strictly lower parts; A
         in and D out in the layout mma; A on and above its diagonal is never read: ``_gated_kkt`` may leave anything
@@ -84,13 +93,11 @@ if GLUON_MISSING is None:
         H100; BENCHMARKS.md, forty-fifth session). Forward substitution through shared memory read a column of A_b
         at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8) is half as deep but lost
         accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
-        A3 = gl.reshape(A, [BT, BT // 16, 16])  # the blocks picked out of each thread's registers: mma's column
-        L3A: gl.constexpr = A3.type.layout  # blocks are register bits
-        bidx = gl.arange(0, BT // 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3A)))
-        ridx = gl.arange(0, BT, layout=gl.SliceLayout(1, gl.SliceLayout(2, L3A)))
-        keep = (ridx // 16)[:, None, None] == bidx[None, :, None]
+        c0, c1, c2, c3 = _column_blocks(A, BT)
+        rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-        N = gl.convert_layout(gl.reshape(gl.sum(gl.where(keep, A3, 0.0), axis=1), [BT // 16, 16, 16]), mv2)
+        N = gl.where(rb == 0, c0, gl.where(rb == 1, c1, gl.where(rb == 2, c2, c3)))  # the diagonal block N_b
+        N = gl.convert_layout(gl.reshape(N, [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, mv2)))[None, None, :]
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mv2, k_width=2)
@@ -101,10 +108,8 @@ if GLUON_MISSING is None:
             below = (i >> (level + 1) == k >> (level + 1)) & (i >> level > k >> level)  # s = 2^level
             YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
-        Yd = gl.expand_dims(gl.convert_layout(gl.reshape(Y, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
         x_s.store(gl.reshape(Y, [BT, 16]).to(gl.float16))
-        left = (ridx // 16)[:, None, None] == bidx[None, :, None] + 1
-        A_left = gl.reshape(gl.sum(gl.where(left, A3, 0.0), axis=1), [BT, 16])  # A_{b,b-1}
+        A_left = gl.where(rb == 1, c0, gl.where(rb == 2, c1, gl.where(rb == 3, c2, 0.0)))  # A_{b,b-1}
         flat: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
         a_flat: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=flat, k_width=2)
         b_flat: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=flat, k_width=2)
@@ -116,10 +121,13 @@ if GLUON_MISSING is None:
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, flat))
         AY = gl.reshape(gl.where((rows < BT // 2)[:, None], AY0, AY2), [BT // 16, 16, 16])  # even b: not used
         X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
-        Xd = gl.expand_dims(gl.convert_layout(gl.reshape(X, [BT, 16]), gl.SliceLayout(1, L3A)), 1)
-        odd = ((ridx // 16) % 2 == 1)[:, None, None]
-        D = gl.where(keep, Yd, gl.where(left & odd, Xd, 0.0))
-        return gl.convert_layout(gl.reshape(D, [BT, BT]), mma)
+        Y = gl.convert_layout(gl.reshape(Y, [BT, 16]), c0.type.layout)
+        X = gl.convert_layout(gl.reshape(X, [BT, 16]), c0.type.layout)
+        # D's column blocks: Y_b on the diagonal, X_b left of it in the odd row blocks
+        d0 = gl.where(rb == 0, Y, gl.where(rb == 1, X, 0.0))
+        d2 = gl.where(rb == 2, Y, gl.where(rb == 3, X, 0.0))
+        D = gl.join(gl.join(d0, d2), gl.join(gl.where(rb == 1, Y, 0.0), gl.where(rb == 3, Y, 0.0)))
+        return gl.convert_layout(gl.reshape(gl.permute(D, (0, 2, 3, 1)), [BT, BT]), mma)
 
     @gluon.jit
     def _chunk_cumsum(g_c, BT: gl.constexpr, mma: gl.constexpr):
@@ -140,8 +148,7 @@ if GLUON_MISSING is None:
         """A = diag(beta)(Gamma o K K^T) from KK = K K^T below the diagonal, 0 on and above it. The callers' beta
         is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row,
         finite where it is. Unmasked (the gates above the diagonal, which ``_solve`` never reads, left to
-        overflow) this kernel was 1.6-3.3% slower (BENCHMARKS.md, thirty-eighth session); chunk_specialized_sm90
-        computes them unmasked, shared with its scores'."""
+        overflow) this kernel was 1.6-3.3% slower (BENCHMARKS.md, thirty-eighth session)."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))

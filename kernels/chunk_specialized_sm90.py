@@ -73,7 +73,10 @@ that each of its exps is one bare ex2 (2-3.5% fewer instructions in the prep and
 T=8192: 1.044x, H200). Fifty-second session: the walkers' exps of the gates (33 ex2 a chunk each) made once by
 the loader, which spends two a token on them: per-step clock64 stamps had shown the prep's exp and block-inverse
 steps taking twice their time alone beside the walkers (BENCHMARKS.md); the walkers now compile without spills.
-1.024x at B=4 T=8192 and 1.009x at parity B=16 T=256, level elsewhere (H200).
+1.024x at B=4 T=8192 and 1.009x at parity B=16 T=256, level elsewhere (H200). Fifty-third session: the prep's loop
+cut from 1,061 to 972 instructions (the block inverses' blocks picked by selects, ``chunk_prep_sm90._column_blocks``;
+P's mask on the gates), the walkers' SASS unchanged: 1.027x at B=4 T=8192, 1.01-1.035x on the other rows of two
+chunks a walk or more, level on B=64 T=64 (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -259,8 +262,9 @@ if GLUON_MISSING is None:
         d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``).
 
         P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
-        are A's, exp(gc_r - gc_c) over the whole tile (above the diagonal they may overflow, where the solve never
-        reads A and P is 0), so one exp serves both (BENCHMARKS.md, forty-first session)."""
+        are A's, so one exp serves both (BENCHMARKS.md, forty-first session); masked to 0 above the diagonal, where
+        they may overflow, before either product (the solve never reads A there), which spares a select a pair of
+        P's packed elements (fifty-third session)."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         gc_r = gc_g.load(gl.SliceLayout(1, mma))
@@ -271,8 +275,8 @@ if GLUON_MISSING is None:
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         # Q K^T, then K K^T, each waited for: with both in flight beside the gates the prep spilled 15 registers
         QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), zero, use_acc=False)
-        gates = exp2(gc_r[:, None] - gc_c[None, :])
-        p_dst.store(gl.where(r[:, None] >= unhoisted(c)[None, :], QK * gates, 0.0).to(dt))
+        gates = gl.where(r[:, None] >= unhoisted(c)[None, :], exp2(gc_r[:, None] - gc_c[None, :]), 0.0)
+        p_dst.store((QK * gates).to(dt))
         A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]
         Ai = _solve(A, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
