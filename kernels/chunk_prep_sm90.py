@@ -88,11 +88,11 @@ if GLUON_MISSING is None:
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
         products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the block below
         the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}): every warp loads Y_0 and Y_2 as B operands (the same in every
-        warp along M) and computes A_{b,b-1} Y_0 and A_{b,b-1} Y_2, so that no layout conversion passes through
-        shared memory (one barrier, where the exchange into a per-warp layout took four: 1.01-1.02x on qwen3-next,
-        H100; BENCHMARKS.md, forty-fifth session). Forward substitution through shared memory read a column of A_b
-        at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)(I + N^8) is half as deep but lost
-        accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
+        warp along M) and computes A_{b,b-1} Y_0 and A_{b,b-1} Y_2 (A_{b,b-1} is 0 in the even warps), so that no
+        layout conversion passes through shared memory (one barrier, where the exchange into a per-warp layout took
+        four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth session). Forward substitution through
+        shared memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)
+        (I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
         c0, c1, c2, c3 = _column_blocks(A, BT)
         rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
@@ -109,7 +109,7 @@ if GLUON_MISSING is None:
             YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
         x_s.store(gl.reshape(Y, [BT, 16]).to(gl.float16))
-        A_left = gl.where(rb == 1, c0, gl.where(rb == 2, c1, gl.where(rb == 3, c2, 0.0)))  # A_{b,b-1}
+        A_left = gl.where(rb == 1, c0, gl.where(rb == 3, c2, 0.0))  # A_{b,b-1}, odd b
         flat: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
         a_flat: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=flat, k_width=2)
         b_flat: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=flat, k_width=2)

@@ -17,10 +17,10 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
 
-Shared memory (one program per SM): k, q and v in three stages, the gates and their exps in three, Ai and P in two
-(the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB exchange: 189.5 KB, so 37.5 of
-the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output leaves by TMA through the
-walker's half of the chunk's v tile, once read.
+Shared memory (one program per SM): k, q and v in three stages (a stage's k and q in one tile), the gates and their
+exps in three, Ai and P in two (the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB
+exchange: 189.5 KB, so 37.5 of the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output
+leaves by TMA through the walker's half of the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
 Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
@@ -76,7 +76,10 @@ steps taking twice their time alone beside the walkers (BENCHMARKS.md); the walk
 1.024x at B=4 T=8192 and 1.009x at parity B=16 T=256, level elsewhere (H200). Fifty-third session: the prep's loop
 cut from 1,061 to 972 instructions (the block inverses' blocks picked by selects, ``chunk_prep_sm90._column_blocks``;
 P's mask on the gates), the walkers' SASS unchanged: 1.027x at B=4 T=8192, 1.01-1.035x on the other rows of two
-chunks a walk or more, level on B=64 T=64 (H200).
+chunks a walk or more, level on B=64 T=64 (H200). Fifty-fourth session: a stage's k and q tiles in one allocation,
+k's rows then q's, so that each walker's (K S)^T and (Q S)^T are one product of N = 128 (30 fewer instructions in
+each walker's loop), and the block inverses' dead A_{2,1} select dropped (16 fewer in the prep's): 1.016x at
+B=4 T=8192 (409.6 -> 403.2 us), level elsewhere (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -118,6 +121,16 @@ if GLUON_MISSING is None:
     _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
     _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
     GATE_ROWS = gl.constexpr(4)  # a chunk's stage of gates: gc, beta, 2^gc, 2^(gc_last - gc)
+
+    @gluon.jit
+    def _keys(kq):
+        """The k tile [BT, K] of a stage of k and q (its first BT rows)."""
+        return kq.slice(0, kq.shape[0] // 2, dim=0)
+
+    @gluon.jit
+    def _queries(kq):
+        """The q tile [BT, K] of a stage of k and q (its last BT rows)."""
+        return kq.slice(kq.shape[0] // 2, kq.shape[0] // 2, dim=0)
 
     @gluon.jit
     def _my_walks(order):
@@ -210,7 +223,7 @@ if GLUON_MISSING is None:
         token runs out (``chunk.WalkOrder``): found here, where a kernel of its own launched before this one did it
         (qwen3-next B=1 1.02-1.06x, H200, forty-sixth session)."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
-        k_s, q_s, v_s, kq_ready, kq_free, walk_s = ring
+        kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
         gate_s, g_ready, g_free = gates
         i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
@@ -234,8 +247,8 @@ if GLUON_MISSING is None:
             if (it > 0) & (it < NA):
                 mbarrier.wait(kq_ready.index(it - 1), 0)
             mbarrier.expect(kq_ready.index(s), 2 * k_desc.block_type.nbytes + 2 * v_desc.block_type.nbytes)
-            tma_load(k_desc, [tok, col_k], kq_ready.index(s), k_s.index(s))
-            tma_load(q_desc, [tok, col_k], kq_ready.index(s), q_s.index(s))
+            tma_load(k_desc, [tok, col_k], kq_ready.index(s), _keys(kq_s.index(s)))
+            tma_load(q_desc, [tok, col_k], kq_ready.index(s), _queries(kq_s.index(s)))
             for half in gl.static_range(2):
                 tma_load(v_desc, [tok, i_h * 2 * BV + half * BV], kq_ready.index(s), v_s.index(2 * s + half))
             live = i < eos - tok
@@ -289,7 +302,7 @@ if GLUON_MISSING is None:
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
-        kq_ready, walk_s = ring[3], ring[5]
+        kq_ready, walk_s = ring[2], ring[4]
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
             it = 0
             for w in range(_my_walks(order)):
@@ -304,7 +317,7 @@ if GLUON_MISSING is None:
     def _prep_step(it, ring, made, d_s, gates, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                    NG: gl.constexpr):
         """The prep of this program's chunk ``it``, once its tiles and gates are in and its stage of Ai is free."""
-        k_s, q_s, v_s, kq_ready, kq_free, walk_s = ring
+        kq_s, v_s, kq_ready, kq_free, walk_s = ring
         ai_s, p_s, c_ready, c_free = made
         gate_s, g_ready, g_free = gates
         s = it % NA
@@ -313,8 +326,8 @@ if GLUON_MISSING is None:
         mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-        _prep_chunk(gate_s.index(GATE_ROWS * gs), gate_s.index(GATE_ROWS * gs + 1), k_s.index(s), q_s.index(s),
-                    ai_s.index(cs), p_s.index(cs), d_s, BT)
+        _prep_chunk(gate_s.index(GATE_ROWS * gs), gate_s.index(GATE_ROWS * gs + 1), _keys(kq_s.index(s)),
+                    _queries(kq_s.index(s)), ai_s.index(cs), p_s.index(cs), d_s, BT)
         mbarrier.arrive(c_ready.index(cs), count=1)
         mbarrier.arrive(g_free.index(gs), count=1)
 
@@ -337,21 +350,27 @@ if GLUON_MISSING is None:
         (K S)^T and (Q S)^T take S^T from registers as their A operand, one half of K at a time, the first half's
         products waited for before the second half's operand is made: with both halves' operands live at once ptxas
         serialized every wgmma of the kernel, and through shared memory S^T cost a store and a fence a chunk and the
-        shared-memory reads of both products (BENCHMARKS.md, thirty-sixth and forty-eighth sessions)."""
-        k_s, q_s, v_s, kq_ready, kq_free, _ = ring
+        shared-memory reads of both products (BENCHMARKS.md, thirty-sixth and forty-eighth sessions). The two are one
+        product of N = 2 BT over the stage's k and q rows, which lie one after the other (``_keys``, ``_queries``):
+        half the wgmma instructions of two of N = BT, 30 fewer instructions a chunk (fifty-fourth session)."""
+        kq_s, v_s, kq_ready, kq_free, _ = ring
         ai_s, p_s, c_ready, c_free = made
         gate_s, _, g_free = gates
-        dt: gl.constexpr = k_s.dtype
+        dt: gl.constexpr = kq_s.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        # (K S)^T and (Q S)^T side by side, [BV, 2 BT]: one product of N = 2 BT over the stage's k and q rows
+        mma_kq: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 2 * BT, 16])
+        a_kq: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_kq, k_width=2)
         s = it % NA
         cs = it % NC
         gs = it % NG
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         zero = gl.zeros([BV, BT], gl.float32, mma)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
-        k_cur = k_s.index(s)
-        q_cur = q_s.index(s)
+        kq_cur = kq_s.index(s)
+        k_cur = _keys(kq_cur)
         if fresh:
             _release_last_stage(it, kq_free, NA)
             KS = zero
@@ -359,15 +378,17 @@ if GLUON_MISSING is None:
         else:
             K2: gl.constexpr = S.shape[1] // 2
             S_lo, S_hi = gl.split(gl.permute(gl.reshape(S, [BV, 2, K2]), (0, 2, 1)))
-            S_a = gl.convert_layout(S_lo.to(dt), a_op)
-            KS = warpgroup_mma(S_a, k_cur.slice(0, K2, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
-            QS = warpgroup_mma(S_a, q_cur.slice(0, K2, dim=1).permute((1, 0)), zero, use_acc=False, is_async=True)
-            KS, QS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, S_a))
-            S_a = gl.convert_layout(S_hi.to(dt), a_op)
-            KS = warpgroup_mma(S_a, k_cur.slice(K2, K2, dim=1).permute((1, 0)), KS, is_async=True)
-            QS = warpgroup_mma(S_a, q_cur.slice(K2, K2, dim=1).permute((1, 0)), QS, is_async=True)
+            S_a = gl.convert_layout(S_lo.to(dt), a_kq)
+            KQS = warpgroup_mma(S_a, kq_cur.slice(0, K2, dim=1).permute((1, 0)), gl.zeros([BV, 2 * BT], gl.float32,
+                                mma_kq), use_acc=False, is_async=True)
+            KQS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KQS, S_a))
+            S_a = gl.convert_layout(S_hi.to(dt), a_kq)
+            KQS = warpgroup_mma(S_a, kq_cur.slice(K2, K2, dim=1).permute((1, 0)), KQS, is_async=True)
             _release_last_stage(it, kq_free, NA)  # while these run
-            KS, QS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, S_a))
+            KQS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KQS, S_a))
+            KS, QS = gl.split(gl.permute(gl.reshape(KQS, [BV, 2, BT]), (0, 2, 1)))  # register bits: no moves
+            KS = gl.convert_layout(KS, mma)
+            QS = gl.convert_layout(QS, mma)
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         # the gates' exps from the loader, past the end the last token's; their stage goes back to the loader once the
         # prep and both walkers are done with it (g_free)
@@ -403,7 +424,7 @@ if GLUON_MISSING is None:
         (``chunk.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
         its end and output from their first token on."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
-        kq_ready, walk_s = ring[3], ring[5]
+        kq_ready, walk_s = ring[2], ring[4]
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         it = 0
@@ -454,8 +475,7 @@ if GLUON_MISSING is None:
                             WALK_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
         dt: gl.constexpr = q_desc.dtype
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
-        k_s = gl.allocate_shared_memory(dt, [NA, BT, K], k_desc.layout)
-        q_s = gl.allocate_shared_memory(dt, [NA, BT, K], q_desc.layout)
+        kq_s = gl.allocate_shared_memory(dt, [NA, 2 * BT, K], k_desc.layout)  # a chunk's k rows, then its q rows
         v_s = gl.allocate_shared_memory(dt, [2 * NA, BT, BV], v_desc.layout)
         ai_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
@@ -480,7 +500,7 @@ if GLUON_MISSING is None:
             mbarrier.init(g_ready.index(i), count=1)
             mbarrier.init(g_free.index(i), count=3)  # the prep and both walkers
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        ring = (k_s, q_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
+        ring = (kq_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
                 (order_counts, order_walks, order_chunks, order_period, order_flags), (gate_s, g_ready, g_free))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
