@@ -79,7 +79,10 @@ P's mask on the gates), the walkers' SASS unchanged: 1.027x at B=4 T=8192, 1.01-
 chunks a walk or more, level on B=64 T=64 (H200). Fifty-fourth session: a stage's k and q tiles in one allocation,
 k's rows then q's, so that each walker's (K S)^T and (Q S)^T are one product of N = 128 (30 fewer instructions in
 each walker's loop), and the block inverses' dead A_{2,1} select dropped (16 fewer in the prep's): 1.016x at
-B=4 T=8192 (409.6 -> 403.2 us), level elsewhere (H200).
+B=4 T=8192 (409.6 -> 403.2 us), level elsewhere (H200). Then the gates in their chunk's stage of k, q and v, ready
+with it and freed with it (one barrier and one arrival fewer a chunk in the prep and each walker, and no wait in the
+loader), and 2^gc_last read alone: 1.027x over af90099 at B=4 T=8192 (409.7 -> 398.8 us) against kqmerge's 1.015 in
+the same run, 1.00-1.02x on parity's rows (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -109,7 +112,6 @@ BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
 NC = 2  # stages of Ai and P
 WARPS = 4  # per warpgroup: the default one walks columns 0-63
-NG = 3  # stages of the gates (GATE_ROWS)
 WALK_REGS = 176  # of 512 for the four (128 each at launch); at 168 ptxas serializes the wgmmas
 PREP_REGS = 136
 LOAD_REGS = 24
@@ -120,7 +122,10 @@ if GLUON_MISSING is None:
     _WALK_ROW = gl.constexpr(WALK_ROW)
     _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
     _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
-    GATE_ROWS = gl.constexpr(4)  # a chunk's stage of gates: gc, beta, 2^gc, 2^(gc_last - gc)
+    # a chunk's gates: gc, beta, 2^gc, 2^(gc_last - gc), in the stage of its k, q and v (the loader refills it once both
+    # walkers have released that stage, after reading the gates and after the prep, which read them before it
+    # published the chunk's Ai: a barrier of their own, released by all three, cost each a barrier and an arrival)
+    GATE_ROWS = gl.constexpr(4)
 
     @gluon.jit
     def _keys(kq):
@@ -200,32 +205,31 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _loader_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                          BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                          BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                           USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
-        sequence's end), with 2^gc and 2^(gc_last - gc) for the walkers, into theirs, as far ahead of the prep as the
-        stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a
+        sequence's end), with 2^gc and 2^(gc_last - gc) for the walkers, into the same stage (``GATE_ROWS``), as far
+        ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a
         [64, 64] tile (32 registers a thread)."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch, and where its row is regular without reading it either
         first = _first_walk_bounds(order, HV, BT)
-        it = _load_walk(args, first, gl.to_tensor(0), H, HV, K, BT, BV, NA, NG, WARM_UP)
+        it = _load_walk(args, first, gl.to_tensor(0), H, HV, K, BT, BV, NA, WARM_UP)
         for w in range(1, _my_walks(order)):
-            it = _load_walk(args, _walk_bounds(order, w, HV, BT), it, H, HV, K, BT, BV, NA, NG, WARM_UP)
+            it = _load_walk(args, _walk_bounds(order, w, HV, BT), it, H, HV, K, BT, BV, NA, WARM_UP)
 
     @gluon.jit
     def _load_walk(args, bounds, it, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr,
-                   BV: gl.constexpr, NA: gl.constexpr, NG: gl.constexpr, WARM_UP: gl.constexpr):
+                   BV: gl.constexpr, NA: gl.constexpr, WARM_UP: gl.constexpr):
         """The loader's part of this program's walk of these bounds (``_walk_bounds``), from its chunk ``it`` on;
         returns the chunk after its last.
         WARM_UP: the row holds the sequence's start, and the walk starts where the decay before its first output
         token runs out (``chunk.WalkOrder``): found here, where a kernel of its own launched before this one did it
         (qwen3-next B=1 1.02-1.06x, H200, forty-sixth session)."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
-        gate_s, g_ready, g_free = gates
         i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
         walk, i_h, bos, first, eos, NT, flags = bounds
         if WARM_UP:
@@ -258,14 +262,12 @@ if GLUON_MISSING is None:
             gc = gl.associative_scan(g_t, 0, _add)
             # gc_last - gc as a scan from the end: gc_last by a reduction cost one-chunk walks 6-8% (parity B=64 T=64)
             to_end = gl.associative_scan(g_t, 0, _add, reverse=True) - g_t
-            gs = it % NG
-            mbarrier.wait(g_free.index(gs), ((it // NG) & 1) ^ 1)
-            gate_s.index(GATE_ROWS * gs).store(gc)
-            gate_s.index(GATE_ROWS * gs + 1).store(b_t)
-            gate_s.index(GATE_ROWS * gs + 2).store(exp2(gc))
-            gate_s.index(GATE_ROWS * gs + 3).store(exp2(to_end))
+            gate_s.index(GATE_ROWS * s).store(gc)
+            gate_s.index(GATE_ROWS * s + 1).store(b_t)
+            gate_s.index(GATE_ROWS * s + 2).store(exp2(gc))
+            gate_s.index(GATE_ROWS * s + 3).store(exp2(to_end))
             cta_barrier()  # every thread's stores are done before the one arrival
-            mbarrier.arrive(g_ready.index(gs), count=1)
+            mbarrier.arrive(kq_ready.index(s), count=1)  # the stage's second arrival, with the copies' bytes
             it += 1
         return it
 
@@ -298,38 +300,33 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _prep_partition(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                        BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_ready, walk_s = ring[2], ring[4]
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
             it = 0
             for w in range(_my_walks(order)):
                 for t in range(_walk_row(order, w, it, kq_ready, walk_s, HV, BT, NA, WARM_UP)[5]):
-                    _prep_step(it, ring, made, d_s, gates, BT, NA, NC, NG)
+                    _prep_step(it, ring, made, d_s, gate_s, BT, NA, NC)
                     it += 1
         else:  # this program's chunks, whichever walks they are of
             for it in range(gl.load(order[2] + gl.program_id(0))):
-                _prep_step(it, ring, made, d_s, gates, BT, NA, NC, NG)
+                _prep_step(it, ring, made, d_s, gate_s, BT, NA, NC)
 
     @gluon.jit
-    def _prep_step(it, ring, made, d_s, gates, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
-                   NG: gl.constexpr):
+    def _prep_step(it, ring, made, d_s, gate_s, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
         """The prep of this program's chunk ``it``, once its tiles and gates are in and its stage of Ai is free."""
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         ai_s, p_s, c_ready, c_free = made
-        gate_s, g_ready, g_free = gates
         s = it % NA
         cs = it % NC
-        gs = it % NG
-        mbarrier.wait(g_ready.index(gs), (it // NG) & 1)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-        _prep_chunk(gate_s.index(GATE_ROWS * gs), gate_s.index(GATE_ROWS * gs + 1), _keys(kq_s.index(s)),
+        _prep_chunk(gate_s.index(GATE_ROWS * s), gate_s.index(GATE_ROWS * s + 1), _keys(kq_s.index(s)),
                     _queries(kq_s.index(s)), ai_s.index(cs), p_s.index(cs), d_s, BT)
         mbarrier.arrive(c_ready.index(cs), count=1)
-        mbarrier.arrive(g_free.index(gs), count=1)
 
     @gluon.jit
     def _release_last_stage(it, kq_free, NA: gl.constexpr):
@@ -340,9 +337,9 @@ if GLUON_MISSING is None:
             mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
 
     @gluon.jit
-    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, gates, o_desc, o, col_v, scale, HALF: gl.constexpr,
+    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, gate_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
-                    NC: gl.constexpr, NG: gl.constexpr, WARM_UP: gl.constexpr):
+                    NC: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
         tok is before the walk's first output token (a warm-up chunk, ``chunk.SegmentLayout.walks``); fresh: S is 0,
         so (K S)^T and (Q S)^T are too. Returns S.
@@ -355,7 +352,6 @@ if GLUON_MISSING is None:
         half the wgmma instructions of two of N = BT, 30 fewer instructions a chunk (fifty-fourth session)."""
         kq_s, v_s, kq_ready, kq_free, _ = ring
         ai_s, p_s, c_ready, c_free = made
-        gate_s, _, g_free = gates
         dt: gl.constexpr = kq_s.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -365,8 +361,6 @@ if GLUON_MISSING is None:
         a_kq: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_kq, k_width=2)
         s = it % NA
         cs = it % NC
-        gs = it % NG
-        c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         zero = gl.zeros([BV, BT], gl.float32, mma)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         kq_cur = kq_s.index(s)
@@ -390,11 +384,12 @@ if GLUON_MISSING is None:
             KS = gl.convert_layout(KS, mma)
             QS = gl.convert_layout(QS, mma)
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
-        # the gates' exps from the loader, past the end the last token's; their stage goes back to the loader once the
-        # prep and both walkers are done with it (g_free)
-        decay = gate_s.index(GATE_ROWS * gs + 2).load(gl.SliceLayout(0, mma))
-        decay_to_end = gate_s.index(GATE_ROWS * gs + 3).load(gl.SliceLayout(0, mma))
-        decay_last = gl.sum(gl.where(c == BT - 1, decay, 0.0), axis=0)
+        # the gates' exps from the loader, past the end the last token's
+        decay = gate_s.index(GATE_ROWS * s + 2).load(gl.SliceLayout(0, mma))
+        decay_to_end = gate_s.index(GATE_ROWS * s + 3).load(gl.SliceLayout(0, mma))
+        # 2^gc_last, the row's last element read alone: picking it from the row took a reduction across lanes
+        one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        decay_last = gl.sum(gate_s.index(GATE_ROWS * s + 2).slice(BT - 1, 1).load(one), axis=0)
         # no masks past the sequence's end: beta is 0 there, so Ai's rows and columns of those tokens are 0 and
         # v_new's columns of them come out 0 (X and v_new finite: TMA fills past the tensor's end with zeros)
         X = v_s.index(2 * s + HALF).permute((1, 0)).load(mma).to(gl.float32) - decay[None, :] * KS
@@ -409,7 +404,6 @@ if GLUON_MISSING is None:
         fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
         cta_barrier()
         mbarrier.arrive(c_free.index(cs), count=1)
-        mbarrier.arrive(g_free.index(gs), count=1)
         # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
         # next chunk, once the copy has read it (``_release_last_stage``)
         if not WARM_UP or tok >= first:
@@ -418,12 +412,12 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker(args, HALF: gl.constexpr, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                 USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
         (``chunk.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
         its end and output from their first token on."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gates = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_ready, walk_s = ring[2], ring[4]
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -446,8 +440,8 @@ if GLUON_MISSING is None:
                     fresh = (t == 0) & (not USE_H0 or not takes_h0)
                 else:  # so do whole walks without h0, but skipping their first products cost B=4 T=8192 3%
                     fresh = False
-                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, gates, o_desc, o, col_v, scale,
-                                HALF, HV, V, BT, BV, NA, NC, NG, WARM_UP)
+                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, gate_s, o_desc, o, col_v, scale,
+                                HALF, HV, V, BT, BV, NA, NC, WARM_UP)
                 it += 1
             if STORE_HT:
                 if stores_ht:
@@ -456,21 +450,21 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _walker_low(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
+                    BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                     STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
-        _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)
+        _walker(args, 0, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
     def _walker_high(args, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr, USE_H0: gl.constexpr,
+                     BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, USE_H0: gl.constexpr,
                      STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
-        _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)
+        _walker(args, 1, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)
 
     @gluon.jit
     def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
                             order_chunks, order_period, order_flags,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                            BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr, NG: gl.constexpr,
+                            BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                             USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
                             WALK_REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOAD_REGS: gl.constexpr):
         dt: gl.constexpr = q_desc.dtype
@@ -486,28 +480,23 @@ if GLUON_MISSING is None:
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         c_free = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NA):
-            mbarrier.init(kq_ready.index(i), count=1)
+            mbarrier.init(kq_ready.index(i), count=2)  # the copies (with their bytes) and the gates
             mbarrier.init(kq_free.index(i), count=2)  # both walkers
         for i in gl.static_range(NC):
             mbarrier.init(c_ready.index(i), count=1)
             mbarrier.init(c_free.index(i), count=2)
         made = (ai_s, p_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
-        gate_s = gl.allocate_shared_memory(gl.float32, [GATE_ROWS * NG, BT],
+        gate_s = gl.allocate_shared_memory(gl.float32, [GATE_ROWS * NA, BT],
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-        g_ready = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
-        g_free = gl.allocate_shared_memory(gl.int64, [NG, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NG):
-            mbarrier.init(g_ready.index(i), count=1)
-            mbarrier.init(g_free.index(i), count=3)  # the prep and both walkers
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ring = (kq_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
-                (order_counts, order_walks, order_chunks, order_period, order_flags), (gate_s, g_ready, g_free))
+                (order_counts, order_walks, order_chunks, order_period, order_flags), gate_s)
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
-        gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
-                            (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
-                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP)),
-                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, NG, USE_H0, STORE_HT, WARM_UP))],
+        gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)),
+                            (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)),
+                            (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)),
+                            (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP))],
                            [4, 4, 4], [WALK_REGS, PREP_REGS, LOAD_REGS])
 
 
@@ -529,7 +518,7 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
         *descs, out, g, beta, h0, ht, scale, order.counts, order.walks, order.program_chunks, *order.regular(HV),
-        H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, NG=NG, USE_H0=h0 is not None, STORE_HT=ht is not None,
+        H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, USE_H0=h0 is not None, STORE_HT=ht is not None,
         WARM_UP=warm_up, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS,
         maxnreg=MAX_REGS)
     if ht is not None and order.empty.numel():  # empty sequences' walks, which no program took

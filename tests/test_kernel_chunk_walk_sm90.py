@@ -66,7 +66,7 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
 
     dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
-    const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, NG=spec.NG, USE_H0=h0,
+    const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, USE_H0=h0,
                  STORE_HT=h0, WARM_UP=warm_up, WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS,
                  LOAD_REGS=spec.LOAD_REGS)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
