@@ -209,8 +209,8 @@ if GLUON_MISSING is None:
                           USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), with 2^gc and 2^(gc_last - gc) for the walkers, into the same stage (``GATE_ROWS``), as far
-        ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s masked row sum over a
-        [64, 64] tile (32 registers a thread)."""
+        ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s
+        masked row sum over a [64, 64] tile (32 registers a thread)."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch, and where its row is regular without reading it either
