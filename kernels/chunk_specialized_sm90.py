@@ -128,6 +128,12 @@ if GLUON_MISSING is None:
     GATE_ROWS = gl.constexpr(4)
 
     @gluon.jit
+    def _gate_rows(gate_s, s):
+        """Stage s's rows of gates, [BT] each: gc, beta, 2^gc, 2^(gc_last - gc)."""
+        return (gate_s.index(GATE_ROWS * s), gate_s.index(GATE_ROWS * s + 1), gate_s.index(GATE_ROWS * s + 2),
+                gate_s.index(GATE_ROWS * s + 3))
+
+    @gluon.jit
     def _keys(kq):
         """The k tile [BT, K] of a stage of k and q (its first BT rows)."""
         return kq.slice(0, kq.shape[0] // 2, dim=0)
@@ -262,10 +268,11 @@ if GLUON_MISSING is None:
             gc = gl.associative_scan(g_t, 0, _add)
             # gc_last - gc as a scan from the end: gc_last by a reduction cost one-chunk walks 6-8% (parity B=64 T=64)
             to_end = gl.associative_scan(g_t, 0, _add, reverse=True) - g_t
-            gate_s.index(GATE_ROWS * s).store(gc)
-            gate_s.index(GATE_ROWS * s + 1).store(b_t)
-            gate_s.index(GATE_ROWS * s + 2).store(exp2(gc))
-            gate_s.index(GATE_ROWS * s + 3).store(exp2(to_end))
+            gc_row, beta_row, decay_row, to_end_row = _gate_rows(gate_s, s)
+            gc_row.store(gc)
+            beta_row.store(b_t)
+            decay_row.store(exp2(gc))
+            to_end_row.store(exp2(to_end))
             cta_barrier()  # every thread's stores are done before the one arrival
             mbarrier.arrive(kq_ready.index(s), count=1)  # the stage's second arrival, with the copies' bytes
             it += 1
@@ -324,8 +331,9 @@ if GLUON_MISSING is None:
         cs = it % NC
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-        _prep_chunk(gate_s.index(GATE_ROWS * s), gate_s.index(GATE_ROWS * s + 1), _keys(kq_s.index(s)),
-                    _queries(kq_s.index(s)), ai_s.index(cs), p_s.index(cs), d_s, BT)
+        gc_row, beta_row, _, _ = _gate_rows(gate_s, s)
+        _prep_chunk(gc_row, beta_row, _keys(kq_s.index(s)), _queries(kq_s.index(s)), ai_s.index(cs), p_s.index(cs),
+                    d_s, BT)
         mbarrier.arrive(c_ready.index(cs), count=1)
 
     @gluon.jit
@@ -385,11 +393,12 @@ if GLUON_MISSING is None:
             QS = gl.convert_layout(QS, mma)
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         # the gates' exps from the loader, past the end the last token's
-        decay = gate_s.index(GATE_ROWS * s + 2).load(gl.SliceLayout(0, mma))
-        decay_to_end = gate_s.index(GATE_ROWS * s + 3).load(gl.SliceLayout(0, mma))
+        _, _, decay_row, to_end_row = _gate_rows(gate_s, s)
+        decay = decay_row.load(gl.SliceLayout(0, mma))
+        decay_to_end = to_end_row.load(gl.SliceLayout(0, mma))
         # 2^gc_last, the row's last element read alone: picking it from the row took a reduction across lanes
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        decay_last = gl.sum(gate_s.index(GATE_ROWS * s + 2).slice(BT - 1, 1).load(one), axis=0)
+        decay_last = gl.sum(decay_row.slice(BT - 1, 1).load(one), axis=0)
         # no masks past the sequence's end: beta is 0 there, so Ai's rows and columns of those tokens are 0 and
         # v_new's columns of them come out 0 (X and v_new finite: TMA fills past the tensor's end with zeros)
         X = v_s.index(2 * s + HALF).permute((1, 0)).load(mma).to(gl.float32) - decay[None, :] * KS
