@@ -122,16 +122,17 @@ if GLUON_MISSING is None:
     _WALK_ROW = gl.constexpr(WALK_ROW)
     _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
     _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
-    # a chunk's gates: gc, beta, 2^gc, 2^(gc_last - gc), in the stage of its k, q and v (the loader refills it once both
+    # a chunk's gates: gc, beta, 2^gc, 2^(gc_last - gc), scale 2^gc, in the stage of its k, q and v (the loader refills it once both
     # walkers have released that stage, after reading the gates and after the prep, which read them before it
     # published the chunk's Ai: a barrier of their own, released by all three, cost each a barrier and an arrival)
-    GATE_ROWS = gl.constexpr(4)
+    GATE_ROWS = gl.constexpr(5)
 
     @gluon.jit
     def _gate_rows(gate_s, s):
-        """Stage s's rows of gates, [BT] each: gc, beta, 2^gc, 2^(gc_last - gc)."""
+        """Stage s's rows of gates, [BT] each: gc, beta, 2^gc, 2^(gc_last - gc), scale 2^gc (the output's decay:
+        the attention scale folded in, with P's in the prep, where the output took a multiply of its own)."""
         return (gate_s.index(GATE_ROWS * s), gate_s.index(GATE_ROWS * s + 1), gate_s.index(GATE_ROWS * s + 2),
-                gate_s.index(GATE_ROWS * s + 3))
+                gate_s.index(GATE_ROWS * s + 3), gate_s.index(GATE_ROWS * s + 4))
 
     @gluon.jit
     def _keys(kq):
@@ -268,20 +269,24 @@ if GLUON_MISSING is None:
             gc = gl.associative_scan(g_t, 0, _add)
             # gc_last - gc as a scan from the end: gc_last by a reduction cost one-chunk walks 6-8% (parity B=64 T=64)
             to_end = gl.associative_scan(g_t, 0, _add, reverse=True) - g_t
-            gc_row, beta_row, decay_row, to_end_row = _gate_rows(gate_s, s)
+            gc_row, beta_row, decay_row, to_end_row, out_row = _gate_rows(gate_s, s)
+            decay = exp2(gc)
             gc_row.store(gc)
             beta_row.store(b_t)
-            decay_row.store(exp2(gc))
+            decay_row.store(decay)
             to_end_row.store(exp2(to_end))
+            out_row.store(decay * scale)
             cta_barrier()  # every thread's stores are done before the one arrival
             mbarrier.arrive(kq_ready.index(s), count=1)  # the stage's second arrival, with the copies' bytes
             it += 1
         return it
 
     @gluon.jit
-    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, BT: gl.constexpr):
+    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, scale, BT: gl.constexpr):
         """Ai and P of one chunk into ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g its gates;
-        d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``).
+        d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``). P carries the attention scale
+        (log2 of it, its inverse), put into the gates' rows and taken back out of beta's for A: two numbers a thread
+        where the walkers' output took a multiply an element (fifty-fifth session).
 
         P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
         are A's, so one exp serves both (BENCHMARKS.md, forty-first session); masked to 0 above the diagonal, where
@@ -289,9 +294,10 @@ if GLUON_MISSING is None:
         P's packed elements (fifty-third session)."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        gc_r = gc_g.load(gl.SliceLayout(1, mma))
+        log2_scale, inv_scale = scale
+        gc_r = gc_g.load(gl.SliceLayout(1, mma)) + log2_scale
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
-        beta_r = beta_g.load(gl.SliceLayout(1, mma))
+        beta_r = beta_g.load(gl.SliceLayout(1, mma)) * inv_scale
         zero = gl.zeros([BT, BT], gl.float32, mma)
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
@@ -312,28 +318,31 @@ if GLUON_MISSING is None:
         """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_ready, walk_s = ring[2], ring[4]
+        scale = (gl.log2(scale), 1.0 / scale)  # for P (``_prep_chunk``)
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
             it = 0
             for w in range(_my_walks(order)):
                 for t in range(_walk_row(order, w, it, kq_ready, walk_s, HV, BT, NA, WARM_UP)[5]):
-                    _prep_step(it, ring, made, d_s, gate_s, BT, NA, NC)
+                    _prep_step(it, ring, made, d_s, gate_s, scale, BT, NA, NC)
                     it += 1
         else:  # this program's chunks, whichever walks they are of
             for it in range(gl.load(order[2] + gl.program_id(0))):
-                _prep_step(it, ring, made, d_s, gate_s, BT, NA, NC)
+                _prep_step(it, ring, made, d_s, gate_s, scale, BT, NA, NC)
 
     @gluon.jit
-    def _prep_step(it, ring, made, d_s, gate_s, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
+    def _prep_step(it, ring, made, d_s, gate_s, scale, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
         """The prep of this program's chunk ``it``, once its tiles and gates are in and its stage of Ai is free."""
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
-        ai_s, p_s, c_ready, c_free = made
+        ai_s, p_s, c_ready = made
         s = it % NA
         cs = it % NC
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
-        mbarrier.wait(c_free.index(cs), ((it // NC) & 1) ^ 1)
-        gc_row, beta_row, _, _ = _gate_rows(gate_s, s)
+        # the stage of Ai and P is free once both walkers have released the k, q and v stage of the chunk that used it
+        done = gl.maximum(it - NC, 0)
+        mbarrier.wait(kq_free.index(done % NA), (done // NA) & 1, pred=it >= NC)
+        gc_row, beta_row, _, _, _ = _gate_rows(gate_s, s)
         _prep_chunk(gc_row, beta_row, _keys(kq_s.index(s)), _queries(kq_s.index(s)), ai_s.index(cs), p_s.index(cs),
-                    d_s, BT)
+                    d_s, scale, BT)
         mbarrier.arrive(c_ready.index(cs), count=1)
 
     @gluon.jit
@@ -341,11 +350,12 @@ if GLUON_MISSING is None:
         """The stage of this program's chunk before ``it`` back to the loader, once its output has left its v tile."""
         if it > 0:
             tma.store_wait(pendings=0)
+            fence_async_shared()  # this walker's reads of the chunk's stages are done before the prep refills them
             cta_barrier()
             mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
 
     @gluon.jit
-    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, gate_s, o_desc, o, col_v, scale, HALF: gl.constexpr,
+    def _walk_chunk(it, tok, first, eos, S, fresh, ring, made, gate_s, o_desc, o, col_v, HALF: gl.constexpr,
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
                     NC: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
@@ -359,7 +369,7 @@ if GLUON_MISSING is None:
         product of N = 2 BT over the stage's k and q rows, which lie one after the other (``_keys``, ``_queries``):
         half the wgmma instructions of two of N = BT, 30 fewer instructions a chunk (fifty-fourth session)."""
         kq_s, v_s, kq_ready, kq_free, _ = ring
-        ai_s, p_s, c_ready, c_free = made
+        ai_s, p_s, c_ready = made
         dt: gl.constexpr = kq_s.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -370,6 +380,8 @@ if GLUON_MISSING is None:
         s = it % NA
         cs = it % NC
         zero = gl.zeros([BV, BT], gl.float32, mma)
+        # the gates' exps from the loader, past the end the last token's
+        _, _, decay_row, to_end_row, out_row = _gate_rows(gate_s, s)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         kq_cur = kq_s.index(s)
         k_cur = _keys(kq_cur)
@@ -390,10 +402,8 @@ if GLUON_MISSING is None:
             KQS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KQS, S_a))
             KS, QS = gl.split(gl.permute(gl.reshape(KQS, [BV, 2, BT]), (0, 2, 1)))  # register bits: no moves
             KS = gl.convert_layout(KS, mma)
-            QS = gl.convert_layout(QS, mma)
+            QS = gl.convert_layout(QS, mma) * out_row.load(gl.SliceLayout(0, mma))[None, :]
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
-        # the gates' exps from the loader, past the end the last token's
-        _, _, decay_row, to_end_row = _gate_rows(gate_s, s)
         decay = decay_row.load(gl.SliceLayout(0, mma))
         decay_to_end = to_end_row.load(gl.SliceLayout(0, mma))
         # 2^gc_last, the row's last element read alone: picking it from the row took a reduction across lanes
@@ -408,15 +418,12 @@ if GLUON_MISSING is None:
         vn_a = gl.convert_layout(VN.to(dt), a_op)
         vnd_a = gl.convert_layout((VN * decay_to_end[None, :]).to(dt), a_op)
         S = warpgroup_mma(vnd_a, k_cur, S * decay_last, is_async=True)
-        O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS * decay[None, :], is_async=True)  # P^T
+        O = warpgroup_mma(vn_a, p_s.index(cs).permute((1, 0)), QS, is_async=True)  # P^T
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=0, deps=(S, O, vn_a, vnd_a))
-        fence_async_shared()  # this walker's reads of the stages are done before the prep refills them
-        cta_barrier()
-        mbarrier.arrive(c_free.index(cs), count=1)
         # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
         # next chunk, once the copy has read it (``_release_last_stage``)
         if not WARM_UP or tok >= first:
-            _store_output(O * scale, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
+            _store_output(O, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
         return S
 
     @gluon.jit
@@ -449,8 +456,8 @@ if GLUON_MISSING is None:
                     fresh = (t == 0) & (not USE_H0 or not takes_h0)
                 else:  # so do whole walks without h0, but skipping their first products cost B=4 T=8192 3%
                     fresh = False
-                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, gate_s, o_desc, o, col_v, scale,
-                                HALF, HV, V, BT, BV, NA, NC, WARM_UP)
+                S = _walk_chunk(it, bos + t * BT, first, eos, S, fresh, ring, made, gate_s, o_desc, o, col_v, HALF,
+                                HV, V, BT, BV, NA, NC, WARM_UP)
                 it += 1
             if STORE_HT:
                 if stores_ht:
@@ -487,14 +494,12 @@ if GLUON_MISSING is None:
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
-        c_free = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(NA):
             mbarrier.init(kq_ready.index(i), count=2)  # the copies (with their bytes) and the gates
             mbarrier.init(kq_free.index(i), count=2)  # both walkers
         for i in gl.static_range(NC):
             mbarrier.init(c_ready.index(i), count=1)
-            mbarrier.init(c_free.index(i), count=2)
-        made = (ai_s, p_s, c_ready, c_free)  # made by the prep warpgroup for the walkers
+        made = (ai_s, p_s, c_ready)  # made by the prep warpgroup for the walkers
         gate_s = gl.allocate_shared_memory(gl.float32, [GATE_ROWS * NA, BT],
                                            gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
@@ -521,15 +526,20 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
     h) from h0 (fp32 [N, HV, K, V], or zero); warm_up: the walks are warm-up segments (``SegmentLayout.walks``),
     whose warm-up starts the loader finds from g. q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV],
     all contiguous (see ``unsupported``)."""
+    # the prep takes log2(scale): a scale of 0 or below runs as |scale| (or 1), and the output, linear in the scale
+    # (the states do not see it), is scaled after
+    run_scale = scale if scale > 0 else abs(scale) or 1.0
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]
     descs = (descriptor(q.view(tokens, H * K), [BT, K]), descriptor(k.view(tokens, H * K), [BT, K]),
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
-        *descs, out, g, beta, h0, ht, scale, order.counts, order.walks, order.program_chunks, *order.regular(HV),
+        *descs, out, g, beta, h0, ht, run_scale, order.counts, order.walks, order.program_chunks, *order.regular(HV),
         H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, USE_H0=h0 is not None, STORE_HT=ht is not None,
         WARM_UP=warm_up, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS,
         maxnreg=MAX_REGS)
+    if run_scale != scale:
+        out.mul_(scale / run_scale)
     if ht is not None and order.empty.numel():  # empty sequences' walks, which no program took
         states = ht.view(-1, K, V)
         if h0 is None:

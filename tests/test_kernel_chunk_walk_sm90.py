@@ -348,6 +348,34 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("scale", [2.0, -0.3, 0.0])
+def test_specialized_kernel_takes_any_scale(scale):
+    """The warp-specialized kernel folds log2(scale) into P's gates, so a scale of 0 or below runs as a positive one
+    with the output scaled after: outputs and final states against the fp64 recurrence, on NaN-poisoned outputs."""
+    from gdnbench_kernels import chunk_fused
+
+    dev = torch.device("cuda")
+    gen = torch.Generator().manual_seed(7)
+    seqs = [300, 64, 200]
+    kw, N = kernel_inputs(gen, B=1, T=sum(seqs), H=2, HV=4, K=128, V=128, dtype="bf16", seqs=seqs, raw=False,
+                          l2=False, gate_norm=1.0)
+    kw["scale"] = scale
+    kw["initial_state"] = torch.randn(N, 4, 128, 128, generator=gen)
+    gpu = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    out = torch.full_like(gpu["v"], float("nan"))
+    o, final = chunk_fused.chunk_fused_gdn(**gpu, output_final_state=True, out=out, walk="sm90_specialized")
+    o_ref, final_ref = gdn_recurrent(kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], scale=scale,
+                                     initial_state=kw["initial_state"], cu_seqlens=kw["cu_seqlens"],
+                                     compute_dtype=torch.float64)
+    o, final = o.double().cpu(), final.double().cpu()
+    if scale == 0.0:
+        assert torch.equal(o, torch.zeros_like(o))
+    else:
+        assert ((o - o_ref).norm() / o_ref.norm()).item() < 1e-2
+    assert ((final - final_ref).norm() / final_ref.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("gate_norm", [1.0, 10.0])  # strong decay: warm-ups of a chunk; weak: back to the start
 @pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
 @pytest.mark.parametrize("h0", [True, False])  # without: every segment starts from S = 0
