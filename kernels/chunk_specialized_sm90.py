@@ -8,18 +8,18 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
 (``chunk.WalkOrder``), and its four warpgroups overlap them:
 
   - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, with the
-    exps the walkers take of them, 2^gc and 2^(gc_last - gc) (gc in log2 units), as many chunks ahead as the
-    stages let it;
+    exps the walkers take of them, 2^gc, 2^(gc_last - gc) and the output's scale 2^gc (gc in log2 units), as many
+    chunks ahead as the stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
     inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
-    (whose gates are A's), into shared memory, one chunk ahead of the walkers;
+    (whose gates are A's; P carries the attention scale), into shared memory, one chunk ahead of the walkers;
   - two walker warpgroups (value columns 0-63 and 64-127) each keep S^T [64, K] in registers and run
     ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
-    v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o exp(gc) + v_new^T P^T.
+    v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o scale exp(gc) + v_new^T P^T.
 
 Shared memory (one program per SM): k, q and v in three stages (a stage's k and q in one tile), the gates and their
 exps in three, Ai and P in two (the Ai stage holds L during the solve), the solve's D and its block inverses' 2 KB
-exchange: 189.5 KB, so 37.5 of the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output
+exchange: 190.1 KB, so 36.9 of the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output
 leaves by TMA through the walker's half of the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
@@ -82,7 +82,10 @@ each walker's loop), and the block inverses' dead A_{2,1} select dropped (16 few
 B=4 T=8192 (409.6 -> 403.2 us), level elsewhere (H200). Then the gates in their chunk's stage of k, q and v, ready
 with it and freed with it (one barrier and one arrival fewer a chunk in the prep and each walker, and no wait in the
 loader), and 2^gc_last read alone: 1.027x over af90099 at B=4 T=8192 (409.7 -> 398.8 us) against kqmerge's 1.015 in
-the same run, 1.00-1.02x on parity's rows (H200).
+the same run, 1.00-1.02x on parity's rows (H200). Fifty-fifth session: a stage of Ai and P freed with its chunk's
+stage of k, q and v (its own barriers gone: a fence, a barrier and an arrival fewer in each walker's chunk), and the
+attention scale carried by P and a fifth row of gates where each walker multiplied its output (32 multiplies fewer a
+chunk): 1.015-1.017x at B=4 T=8192 (398.8 -> 391.9 us), 1.04x at B=1 T=8192, 1.00-1.02x on parity (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -122,9 +125,9 @@ if GLUON_MISSING is None:
     _WALK_ROW = gl.constexpr(WALK_ROW)
     _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
     _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
-    # a chunk's gates: gc, beta, 2^gc, 2^(gc_last - gc), scale 2^gc, in the stage of its k, q and v (the loader refills it once both
-    # walkers have released that stage, after reading the gates and after the prep, which read them before it
-    # published the chunk's Ai: a barrier of their own, released by all three, cost each a barrier and an arrival)
+    # a chunk's gates (``_gate_rows``), in the stage of its k, q and v (the loader refills it once both walkers have
+    # released that stage, after reading the gates and after the prep, which read them before it published the
+    # chunk's Ai: a barrier of their own, released by all three, cost each a barrier and an arrival)
     GATE_ROWS = gl.constexpr(5)
 
     @gluon.jit
@@ -347,7 +350,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _release_last_stage(it, kq_free, NA: gl.constexpr):
-        """The stage of this program's chunk before ``it`` back to the loader, once its output has left its v tile."""
+        """The stage of this program's chunk before ``it`` back to the loader, once its output has left its v tile,
+        and with it that chunk's stage of Ai and P to the prep (``_prep_step``)."""
         if it > 0:
             tma.store_wait(pendings=0)
             fence_async_shared()  # this walker's reads of the chunk's stages are done before the prep refills them
@@ -402,6 +406,8 @@ if GLUON_MISSING is None:
             KQS, S_a = warpgroup_mma_wait(num_outstanding=0, deps=(KQS, S_a))
             KS, QS = gl.split(gl.permute(gl.reshape(KQS, [BV, 2, BT]), (0, 2, 1)))  # register bits: no moves
             KS = gl.convert_layout(KS, mma)
+            # scaled here: scaled where the output's product takes it, the row's registers made ptxas serialize
+            # every wgmma of the kernel (C7512)
             QS = gl.convert_layout(QS, mma) * out_row.load(gl.SliceLayout(0, mma))[None, :]
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
         decay = decay_row.load(gl.SliceLayout(0, mma))
