@@ -218,7 +218,7 @@ if GLUON_MISSING is None:
                           BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                           USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
-        sequence's end), with 2^gc and 2^(gc_last - gc) for the walkers, into the same stage (``GATE_ROWS``), as far
+        sequence's end), with the exps the walkers take of them, into the same stage (``_gate_rows``), as far
         ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s
         masked row sum over a [64, 64] tile (32 registers a thread)."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
@@ -285,11 +285,11 @@ if GLUON_MISSING is None:
         return it
 
     @gluon.jit
-    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, scale, BT: gl.constexpr):
+    def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, p_scale, BT: gl.constexpr):
         """Ai and P of one chunk into ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g its gates;
         d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``). P carries the attention scale
-        (log2 of it, its inverse), put into the gates' rows and taken back out of beta's for A: two numbers a thread
-        where the walkers' output took a multiply an element (fifty-fifth session).
+        (p_scale: log2 of it, its inverse), put into the gates' rows and taken back out of beta's for A: two numbers
+        a thread where the walkers' output took a multiply an element (fifty-fifth session).
 
         P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
         are A's, so one exp serves both (BENCHMARKS.md, forty-first session); masked to 0 above the diagonal, where
@@ -297,7 +297,7 @@ if GLUON_MISSING is None:
         P's packed elements (fifty-third session)."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        log2_scale, inv_scale = scale
+        log2_scale, inv_scale = p_scale
         gc_r = gc_g.load(gl.SliceLayout(1, mma)) + log2_scale
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
         beta_r = beta_g.load(gl.SliceLayout(1, mma)) * inv_scale
@@ -321,19 +321,19 @@ if GLUON_MISSING is None:
         """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_ready, walk_s = ring[2], ring[4]
-        scale = (gl.log2(scale), 1.0 / scale)  # for P (``_prep_chunk``)
+        p_scale = (gl.log2(scale), 1.0 / scale)  # P's (``_prep_chunk``), once
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
             it = 0
             for w in range(_my_walks(order)):
                 for t in range(_walk_row(order, w, it, kq_ready, walk_s, HV, BT, NA, WARM_UP)[5]):
-                    _prep_step(it, ring, made, d_s, gate_s, scale, BT, NA, NC)
+                    _prep_step(it, ring, made, d_s, gate_s, p_scale, BT, NA, NC)
                     it += 1
         else:  # this program's chunks, whichever walks they are of
             for it in range(gl.load(order[2] + gl.program_id(0))):
-                _prep_step(it, ring, made, d_s, gate_s, scale, BT, NA, NC)
+                _prep_step(it, ring, made, d_s, gate_s, p_scale, BT, NA, NC)
 
     @gluon.jit
-    def _prep_step(it, ring, made, d_s, gate_s, scale, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
+    def _prep_step(it, ring, made, d_s, gate_s, p_scale, BT: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr):
         """The prep of this program's chunk ``it``, once its tiles and gates are in and its stage of Ai is free."""
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         ai_s, p_s, c_ready = made
@@ -345,7 +345,7 @@ if GLUON_MISSING is None:
         mbarrier.wait(kq_free.index(done % NA), (done // NA) & 1, pred=it >= NC)
         gc_row, beta_row, _, _, _ = _gate_rows(gate_s, s)
         _prep_chunk(gc_row, beta_row, _keys(kq_s.index(s)), _queries(kq_s.index(s)), ai_s.index(cs), p_s.index(cs),
-                    d_s, scale, BT)
+                    d_s, p_scale, BT)
         mbarrier.arrive(c_ready.index(cs), count=1)
 
     @gluon.jit
