@@ -7,9 +7,9 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
 ``chunk.SegmentLayout.walks``, whose warm-up chunks store no output), dealt on the host longest first
 (``chunk.WalkOrder``), and its four warpgroups overlap them:
 
-  - the loader warpgroup issues the TMA loads (k, q, v) and loads the gates, gc = cumsum(g) and beta, with the
-    exps the walkers take of them, 2^gc, 2^(gc_last - gc) and the output's scale 2^gc (gc in log2 units), as many
-    chunks ahead as the stages let it;
+  - the loader warpgroup (one warp of it on whole walks) issues the TMA loads (k, q, v) and loads the gates,
+    gc = cumsum(g) and beta, with the exps the walkers take of them, 2^gc, 2^(gc_last - gc) and the output's scale
+    2^gc (gc in log2 units), as many chunks ahead as the stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
     inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
     (whose gates are A's; P carries the attention scale), into shared memory, one chunk ahead of the walkers;
@@ -86,6 +86,8 @@ the same run, 1.00-1.02x on parity's rows (H200). Fifty-fifth session: a stage o
 stage of k, q and v (its own barriers gone: a fence, a barrier and an arrival fewer in each walker's chunk), and the
 attention scale carried by P and a fifth row of gates where each walker multiplied its output (32 multiplies fewer a
 chunk): 1.015-1.017x at B=4 T=8192 (398.8 -> 391.9 us), 1.04x at B=1 T=8192, 1.00-1.02x on parity (H200).
+Fifty-sixth session: the loader one warp on whole walks (four warps each did the whole chunk's gates, 14 barriers
+a chunk between them): 1.016x at B=4 T=8192 (389.4 -> 383.4 us), level elsewhere (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -193,7 +195,7 @@ if GLUON_MISSING is None:
         """A warm-up segment's row, its warm-up start found, into walk_s (its first chunk's slot) for the prep and the
         walkers, who read it once that chunk's stage is ready. Only there: on whole walks, which the prep and the
         walkers read from memory, waiting for the first chunk to read it cost parity's short walks 1-3% (H200)."""
-        j = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        j = gl.arange(0, 8, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
         walk_s.store(gl.where(j == 0, walk, gl.where(j == 1, bos, gl.where(j == 2, first, gl.where(j == 3, eos,
                                                                                                   flags)))))
 
@@ -240,7 +242,9 @@ if GLUON_MISSING is None:
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
-        i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
+        i = gl.arange(0, BT, layout=gl.BlockedLayout([max(BT // (32 * gl.num_warps()), 1)], [32], [gl.num_warps()],
+                                                     [0]))
         walk, i_h, bos, first, eos, NT, flags = bounds
         if WARM_UP:
             seq_bos = bos
@@ -513,11 +517,14 @@ if GLUON_MISSING is None:
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
                 (order_counts, order_walks, order_chunks, order_period, order_flags), gate_s)
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
+        # the loader one warp on whole walks (Triton pads its warpgroup with warps that only give up their registers):
+        # four warps each did the whole chunk's gates, with 14 barriers a chunk between them; over warm-up segments
+        # one warp at 24 registers spills 62 finding the warm-up starts
         gl.warp_specialize([(_walker_low, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)),
                             (_walker_high, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)),
                             (_prep_partition, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP)),
                             (_loader_partition, (args, H, HV, K, V, BT, BV, NA, NC, USE_H0, STORE_HT, WARM_UP))],
-                           [4, 4, 4], [WALK_REGS, PREP_REGS, LOAD_REGS])
+                           [4, 4, 4 if WARM_UP else 1], [WALK_REGS, PREP_REGS, LOAD_REGS])
 
 
 def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | None:

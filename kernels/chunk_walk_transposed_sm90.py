@@ -202,7 +202,8 @@ if GLUON_MISSING is None:
             if CUMSUM:
                 log_decay += gl.load(gates + (start + BT - 1) * HV + i_h)
             else:
-                i = gl.arange(0, BT, layout=gl.BlockedLayout([1], [32], [4], [0]))
+                i = gl.arange(0, BT, layout=gl.BlockedLayout([max(BT // (32 * gl.num_warps()), 1)], [32],
+                                                             [gl.num_warps()], [0]))
                 log_decay += gl.sum(gl.load(gates + (start + i) * HV + i_h).to(gl.float32), axis=0)
         return start
 
