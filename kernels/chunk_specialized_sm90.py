@@ -134,7 +134,7 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _gate_rows(gate_s, s):
-        """Stage s's rows of gates, [BT] each: gc, beta, 2^gc, 2^(gc_last - gc), scale 2^gc (the output's decay:
+        """Stage s's rows of gates, [BT] each: gc, beta, -2^gc, 2^(gc_last - gc), scale 2^gc (the output's decay:
         the attention scale folded in, with P's in the prep, where the output took a multiply of its own)."""
         return (gate_s.index(GATE_ROWS * s), gate_s.index(GATE_ROWS * s + 1), gate_s.index(GATE_ROWS * s + 2),
                 gate_s.index(GATE_ROWS * s + 3), gate_s.index(GATE_ROWS * s + 4))
@@ -276,11 +276,11 @@ if GLUON_MISSING is None:
             gc = gl.associative_scan(g_t, 0, _add)
             # gc_last - gc as a scan from the end: gc_last by a reduction cost one-chunk walks 6-8% (parity B=64 T=64)
             to_end = gl.associative_scan(g_t, 0, _add, reverse=True) - g_t
-            gc_row, beta_row, decay_row, to_end_row, out_row = _gate_rows(gate_s, s)
+            gc_row, beta_row, minus_decay_row, to_end_row, out_row = _gate_rows(gate_s, s)
             decay = exp2(gc)
             gc_row.store(gc)
             beta_row.store(b_t)
-            decay_row.store(decay)
+            minus_decay_row.store(-decay)
             to_end_row.store(exp2(to_end))
             out_row.store(decay * scale)
             cta_barrier()  # every thread's stores are done before the one arrival
@@ -389,7 +389,7 @@ if GLUON_MISSING is None:
         cs = it % NC
         zero = gl.zeros([BV, BT], gl.float32, mma)
         # the gates' exps from the loader, past the end the last token's
-        _, _, decay_row, to_end_row, out_row = _gate_rows(gate_s, s)
+        _, _, minus_decay_row, to_end_row, out_row = _gate_rows(gate_s, s)
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         kq_cur = kq_s.index(s)
         k_cur = _keys(kq_cur)
@@ -414,14 +414,16 @@ if GLUON_MISSING is None:
             # every wgmma of the kernel (C7512)
             QS = gl.convert_layout(QS, mma) * out_row.load(gl.SliceLayout(0, mma))[None, :]
         mbarrier.wait(c_ready.index(cs), (it // NC) & 1)
-        decay = decay_row.load(gl.SliceLayout(0, mma))
+        minus_decay = minus_decay_row.load(gl.SliceLayout(0, mma))
         decay_to_end = to_end_row.load(gl.SliceLayout(0, mma))
         # 2^gc_last, the row's last element read alone: picking it from the row took a reduction across lanes
         one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        decay_last = gl.sum(decay_row.slice(BT - 1, 1).load(one), axis=0)
+        decay_last = -gl.sum(minus_decay_row.slice(BT - 1, 1).load(one), axis=0)
         # no masks past the sequence's end: beta is 0 there, so Ai's rows and columns of those tokens are 0 and
         # v_new's columns of them come out 0 (X and v_new finite: TMA fills past the tensor's end with zeros)
-        X = v_s.index(2 * s + HALF).permute((1, 0)).load(mma).to(gl.float32) - decay[None, :] * KS
+        # an added product of -2^gc: Triton negates by flipping the sign bit, an instruction an element that ptxas
+        # does not fold into the FFMA (32 a walker's chunk)
+        X = v_s.index(2 * s + HALF).permute((1, 0)).load(mma).to(gl.float32) + minus_decay[None, :] * KS
         Xa = gl.convert_layout(X.to(dt), a_op)
         VN = warpgroup_mma(Xa, ai_s.index(cs).permute((1, 0)), zero, use_acc=False, is_async=True)
         VN, Xa = warpgroup_mma_wait(num_outstanding=0, deps=(VN, Xa))
