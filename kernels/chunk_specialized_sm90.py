@@ -8,7 +8,7 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
 (``chunk.WalkOrder``), and its four warpgroups overlap them:
 
   - the loader warpgroup (one warp of it on whole walks) issues the TMA loads (k, q, v) and loads the gates,
-    gc = cumsum(g) and beta, with the exps the walkers take of them, 2^gc, 2^(gc_last - gc) and the output's scale
+    gc = cumsum(g) and beta, with the exps the walkers take of them, -2^gc, 2^(gc_last - gc) and the output's scale
     2^gc (gc in log2 units), as many chunks ahead as the stages let it;
   - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
     inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
@@ -87,7 +87,8 @@ stage of k, q and v (its own barriers gone: a fence, a barrier and an arrival fe
 attention scale carried by P and a fifth row of gates where each walker multiplied its output (32 multiplies fewer a
 chunk): 1.015-1.017x at B=4 T=8192 (398.8 -> 391.9 us), 1.04x at B=1 T=8192, 1.00-1.02x on parity (H200).
 Fifty-sixth session: the loader one warp on whole walks (four warps each did the whole chunk's gates, 14 barriers
-a chunk between them): 1.016x at B=4 T=8192 (389.4 -> 383.4 us), level elsewhere (H200).
+a chunk between them): 1.016x at B=4 T=8192 (389.4 -> 383.4 us), level elsewhere (H200); and -2^gc stored for the
+walkers' X, which took a sign-bit flip an element before its FFMA: 1.021x over 74c7382 there against 1.015 (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
