@@ -107,7 +107,7 @@ from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
     from .chunk_prep_sm90 import EXCHANGE_SHARED, _solve
-    from .chunk_walk_transposed_sm90 import _state_offsets, _store_output, _warm_up_start
+    from .chunk_walk_transposed_sm90 import _chunk_tokens, _state_offsets, _store_output, _warm_up_start
     from .gluon_hopper import (LOG2E, cta_barrier, exp2, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                unhoisted, warpgroup_mma, warpgroup_mma_wait)
 
@@ -243,9 +243,7 @@ if GLUON_MISSING is None:
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
-        # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
-        i = gl.arange(0, BT, layout=gl.BlockedLayout([max(BT // (32 * gl.num_warps()), 1)], [32], [gl.num_warps()],
-                                                     [0]))
+        i = _chunk_tokens(BT)  # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
         walk, i_h, bos, first, eos, NT, flags = bounds
         if WARM_UP:
             seq_bos = bos

@@ -190,11 +190,17 @@ if GLUON_MISSING is None:
             return i_nh, first, True
 
     @gluon.jit
+    def _chunk_tokens(BT: gl.constexpr):
+        """0 .. BT - 1 over the calling partition's warps: a token a thread, or more where its warps are fewer."""
+        return gl.arange(0, BT, layout=gl.BlockedLayout([max(BT // (32 * gl.num_warps()), 1)], [32], [gl.num_warps()],
+                                                        [0]))
+
+    @gluon.jit
     def _warm_up_start(gates, bos, seq_bos, i_h, HV: gl.constexpr, BT: gl.constexpr, CUMSUM: gl.constexpr):
         """Where a warm-up segment starting at bos starts walking: as many whole chunks back as their summed
         log decay needs to reach WARM_UP_LOG_DECAY, or its sequence's start. gates: the chunk-local cumulative log
         decays gc (CUMSUM: a chunk's sum is its last token's), or the log decays g, a chunk's summed over its
-        tokens by 4 warps (``chunk_specialized_sm90``'s loader, which keeps no gc in memory)."""
+        tokens (``chunk_specialized_sm90``'s loader, which keeps no gc in memory)."""
         start = bos
         log_decay = 0.0
         while (start > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):
@@ -202,8 +208,7 @@ if GLUON_MISSING is None:
             if CUMSUM:
                 log_decay += gl.load(gates + (start + BT - 1) * HV + i_h)
             else:
-                i = gl.arange(0, BT, layout=gl.BlockedLayout([max(BT // (32 * gl.num_warps()), 1)], [32],
-                                                             [gl.num_warps()], [0]))
+                i = _chunk_tokens(BT)
                 log_decay += gl.sum(gl.load(gates + (start + i) * HV + i_h).to(gl.float32), axis=0)
         return start
 
