@@ -78,49 +78,54 @@ if GLUON_MISSING is None:
         return c0, c1, c2, c3
 
     @gluon.jit
-    def _block_inverses(A, x_s, BT: gl.constexpr, mma: gl.constexpr):
-        """D = blockdiag(Y_01, Y_23), the inverses of I + A's two diagonal 32 x 32 blocks (strictly lower parts; A
-        in and D out in the layout mma; A on and above its diagonal is never read: ``_gated_kkt`` may leave anything
-        there), by doubling inverted blocks along the diagonal.
+    def _block_inverses(M, x_s, BT: gl.constexpr, mma: gl.constexpr):
+        """D = blockdiag(Y_01, Y_23), the inverses of I + A's two diagonal 32 x 32 blocks (strictly lower parts),
+        from M = -A (in and D out in the layout mma; M on and above its diagonal is never read: ``_gated_kkt`` may
+        leave anything there), by doubling inverted blocks along the diagonal. Every product below takes -A, not A:
+        given A, each negation cost an instruction an element (``_solve``).
 
         In the layout mma warp b holds rows 16 b to 16 b + 15, so its 16 x 16 diagonal block N_b stays in its
         registers: with Y the inverses of the s x s blocks and L the part of N_b below them within the 2s x 2s
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
         products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the block below
-        the diagonal, X_b = -Y_b (A_{b,b-1} Y_{b-1}): every warp loads Y_0 and Y_2 as B operands (the same in every
-        warp along M) and computes A_{b,b-1} Y_0 and A_{b,b-1} Y_2 (A_{b,b-1} is 0 in the even warps), so that no
-        layout conversion passes through shared memory (one barrier, where the exchange into a per-warp layout took
-        four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth session). Forward substitution through
-        shared memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)(I + N^4)
-        (I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth session)."""
-        c0, c1, c2, c3 = _column_blocks(A, BT)
+        the diagonal, X_b = Y_b (M_{b,b-1} Y_{b-1}): every warp loads Y_0 and Y_2 as B operands (the same in every
+        warp along the rows) and computes M_{b,b-1} Y_0 and M_{b,b-1} Y_2 (M_{b,b-1} is 0 in the even warps), so
+        that no layout conversion passes through shared memory (one barrier, where the exchange into a per-warp
+        layout took four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth session). Forward
+        substitution through shared memory read a column of A_b at each of its 15 steps; the Neumann form
+        (I - N)(I + N^2)(I + N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md,
+        thirty-ninth session)."""
+        c0, c1, c2, c3 = _column_blocks(M, BT)
         rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-        N = gl.where(rb == 0, c0, gl.where(rb == 1, c1, gl.where(rb == 2, c2, c3)))  # the diagonal block N_b
+        N = gl.where(rb == 0, c0, gl.where(rb == 1, c1, gl.where(rb == 2, c2, c3)))  # the diagonal block -N_b
         N = gl.convert_layout(gl.reshape(N, [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, mv2)))[None, None, :]
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mv2, k_width=2)
         b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mv2, k_width=2)
         zero = gl.zeros([BT // 16, 16, 16], gl.float32, mv2)
-        Y = gl.where(i == k, 1.0, gl.where((i // 2 == k // 2) & (i > k), -N, 0.0))
+        Y = gl.where(i == k, 1.0, gl.where((i // 2 == k // 2) & (i > k), N, 0.0))
+        N_b = _half(N, b_op)  # once: converted at each level, it cost the prep's loop 8 instructions
+        i_b = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, b_op)))[None, :, None]
+        k_b = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, b_op)))[None, None, :]
         for level in gl.static_range(1, 4):  # Y - (Y L) Y: the accumulator's layout is A's, B's is a shuffle away
-            below = (i >> (level + 1) == k >> (level + 1)) & (i >> level > k >> level)  # s = 2^level
-            YL = mma_v2(_half(Y, a_op), _half(gl.where(below, -N, 0.0), b_op), zero)
+            below = (i_b >> (level + 1) == k_b >> (level + 1)) & (i_b >> level > k_b >> level)  # s = 2^level
+            YL = mma_v2(_half(Y, a_op), gl.where(below, N_b, 0.0), zero)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
         x_s.store(gl.reshape(Y, [BT, 16]).to(gl.float16))
-        A_left = gl.where(rb == 1, c0, gl.where(rb == 3, c2, 0.0))  # A_{b,b-1}, odd b
+        M_left = gl.where(rb == 1, c0, gl.where(rb == 3, c2, 0.0))  # M_{b,b-1}, odd b
         flat: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
         a_flat: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=flat, k_width=2)
         b_flat: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=flat, k_width=2)
-        A_left = _half(A_left, a_flat)
+        M_left = _half(M_left, a_flat)
         zero_flat = gl.zeros([BT, 16], gl.float32, flat)
         cta_barrier()  # Y_0 and Y_2 were stored by warps 0 and 2
-        AY0 = mma_v2(A_left, x_s.slice(0, 16, dim=0).load(b_flat), zero_flat)
-        AY2 = mma_v2(A_left, x_s.slice(BT // 2, 16, dim=0).load(b_flat), zero_flat)
+        MY0 = mma_v2(M_left, x_s.slice(0, 16, dim=0).load(b_flat), zero_flat)
+        MY2 = mma_v2(M_left, x_s.slice(BT // 2, 16, dim=0).load(b_flat), zero_flat)
         rows = gl.arange(0, BT, layout=gl.SliceLayout(1, flat))
-        AY = gl.reshape(gl.where((rows < BT // 2)[:, None], AY0, AY2), [BT // 16, 16, 16])  # even b: not used
-        X = mma_v2(_half(-Y, a_op), _half(AY, b_op), zero)
+        MY = gl.reshape(gl.where((rows < BT // 2)[:, None], MY0, MY2), [BT // 16, 16, 16])  # even b: not used
+        X = mma_v2(_half(Y, a_op), _half(MY, b_op), zero)
         Y = gl.convert_layout(gl.reshape(Y, [BT, 16]), c0.type.layout)
         X = gl.convert_layout(gl.reshape(X, [BT, 16]), c0.type.layout)
         # D's column blocks: Y_b on the diagonal, X_b left of it in the odd row blocks
@@ -145,14 +150,14 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
-        """A = diag(beta)(Gamma o K K^T) from KK = K K^T below the diagonal, 0 on and above it. The callers' beta
-        is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat the last token's row,
-        finite where it is. Unmasked (the gates above the diagonal, which ``_solve`` never reads, left to
-        overflow) this kernel was 1.6-3.3% slower (BENCHMARKS.md, thirty-eighth session)."""
+        """-A = -diag(beta)(Gamma o K K^T) (``_solve``'s input) from KK = K K^T below the diagonal, 0 on and above
+        it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat
+        the last token's row, finite where it is. Unmasked (the gates above the diagonal, which ``_solve`` never
+        reads, left to overflow) this kernel was 1.6-3.3% slower (BENCHMARKS.md, thirty-eighth session)."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
-        return KK * gates * beta_r[:, None]
+        return KK * gates * (-beta_r)[:, None]
 
     @gluon.jit
     def _half_columns(x, BT: gl.constexpr):
@@ -160,29 +165,31 @@ if GLUON_MISSING is None:
         return gl.split(gl.permute(gl.reshape(x, [BT, 2, BT // 2]), (0, 2, 1)))
 
     @gluon.jit
-    def _solve(A, d_s, l_s, x_s, BT: gl.constexpr, mma: gl.constexpr):
-        """(I + A)^-1 (fp32, mma layout) of the strictly lower part of the tile A (nothing on or above the diagonal
-        is read); Ai is it times diag(beta), which the callers apply (beta's columns need not stay in registers
-        through the solve). d_s and l_s: [BT, BT] tiles for D and L; x_s: the block inverses' exchange buffer (fp16
-        [BT, 16], EXCHANGE_SHARED); wgmma operands are rounded to d_s's dtype.
+    def _solve(M, d_s, l_s, x_s, BT: gl.constexpr, mma: gl.constexpr):
+        """(I + A)^-1 (fp32, mma layout) of the strictly lower part of A, from the tile M = -A (nothing on or above
+        the diagonal is read; given A, the negations in here and in ``_block_inverses`` cost the warp-specialized
+        prep's loop 34 instructions a chunk: BENCHMARKS.md, fifty-seventh session); Ai is it times diag(beta), which
+        the callers apply (beta's columns need not stay in registers through the solve). d_s and l_s: [BT, BT] tiles
+        for D and -L; x_s: the block inverses' exchange buffer (fp16 [BT, 16], EXCHANGE_SHARED); wgmma operands are
+        rounded to d_s's dtype.
 
         With D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``) and L =
-        A's block below them, (I + A)^-1 = D - (D L) D in two wgmma products, each of K = BT / 2: L's first BT / 2
+        A's block below them, (I + A)^-1 = D + (D (-L)) D in two wgmma products, each of K = BT / 2: L's first BT / 2
         rows and D L's last BT / 2 columns are 0. Those halves left out, the warp-specialized kernel, which computed
-        (I - M + M^2 - M^3) D with M = D L from the 16 x 16 blocks in four products of K = BT, went 1.03-1.10x
+        (I - E + E^2 - E^3) D with E = D L from the 16 x 16 blocks in four products of K = BT, went 1.03-1.10x
         faster; over full K, D - (D L) D had measured 0.92-1.04x there (BENCHMARKS.md, forty-fifth session)."""
         dt: gl.constexpr = d_s.dtype
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        l_s.store(gl.where((c < BT // 2)[None, :], A, 0.0).to(dt))  # its rows from BT / 2 on are read
-        D = _block_inverses(A, x_s, BT, mma)
+        l_s.store(gl.where((c < BT // 2)[None, :], M, 0.0).to(dt))  # -L: its rows from BT / 2 on are read
+        D = _block_inverses(M, x_s, BT, mma)
         D_op = D.to(dt)
         d_s.store(D_op)
         fence_async_shared()
         _, D_right = _half_columns(D_op, BT)
-        DL = warpgroup_mma(gl.convert_layout(D_right, a_op), l_s.slice(BT // 2, BT // 2, dim=0),
+        DL = warpgroup_mma(gl.convert_layout(D_right, a_op), l_s.slice(BT // 2, BT // 2, dim=0),  # D (-L)
                            gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        DL_left, _ = _half_columns((-DL).to(dt), BT)
+        DL_left, _ = _half_columns(DL.to(dt), BT)
         return warpgroup_mma(gl.convert_layout(DL_left, a_op), d_s.slice(0, BT // 2, dim=0), D)
 
     @gluon.jit

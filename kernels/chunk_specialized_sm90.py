@@ -89,6 +89,9 @@ chunk): 1.015-1.017x at B=4 T=8192 (398.8 -> 391.9 us), 1.04x at B=1 T=8192, 1.0
 Fifty-sixth session: the loader one warp on whole walks (four warps each did the whole chunk's gates, 14 barriers
 a chunk between them): 1.016x at B=4 T=8192 (389.4 -> 383.4 us), level elsewhere (H200); and -2^gc stored for the
 walkers' X, which took a sign-bit flip an element before its FFMA: 1.021x over 74c7382 there against 1.015 (H200).
+Fifty-seventh session: the prep's solve given -A (``chunk_prep_sm90._solve``), where its products negated A and D L
+(34 instructions a chunk), and two barriers fewer in each walker's chunk: 1.045x over 74c7382 at B=4 T=8192 against
+the tree's 1.023 (384.2 -> 375.7 us), level elsewhere (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -291,8 +294,9 @@ if GLUON_MISSING is None:
     def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, p_scale, BT: gl.constexpr):
         """Ai and P of one chunk into ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g its gates;
         d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``). P carries the attention scale
-        (p_scale: log2 of it, its inverse), put into the gates' rows and taken back out of beta's for A: two numbers
-        a thread where the walkers' output took a multiply an element (fifty-fifth session).
+        (p_scale: log2 of it, minus its inverse), put into the gates' rows and taken back out of beta's for A: two
+        numbers a thread where the walkers' output took a multiply an element (fifty-fifth session); the minus makes
+        -A, which ``_solve`` takes.
 
         P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
         are A's, so one exp serves both (BENCHMARKS.md, forty-first session); masked to 0 above the diagonal, where
@@ -300,10 +304,10 @@ if GLUON_MISSING is None:
         P's packed elements (fifty-third session)."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-        log2_scale, inv_scale = p_scale
+        log2_scale, minus_inv_scale = p_scale
         gc_r = gc_g.load(gl.SliceLayout(1, mma)) + log2_scale
         gc_c = gc_g.load(gl.SliceLayout(0, mma))
-        beta_r = beta_g.load(gl.SliceLayout(1, mma)) * inv_scale
+        beta_r = beta_g.load(gl.SliceLayout(1, mma)) * minus_inv_scale
         zero = gl.zeros([BT, BT], gl.float32, mma)
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
@@ -311,8 +315,8 @@ if GLUON_MISSING is None:
         QK = warpgroup_mma(q_cur, k_cur.permute((1, 0)), zero, use_acc=False)
         gates = gl.where(r[:, None] >= unhoisted(c)[None, :], exp2(gc_r[:, None] - gc_c[None, :]), 0.0)
         p_dst.store((QK * gates).to(dt))
-        A = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]
-        Ai = _solve(A, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: L until Ai
+        M = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]  # -A
+        Ai = _solve(M, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: -L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
         fence_async_shared()
         cta_barrier()  # every thread's stores are done before the one arrival
@@ -324,7 +328,7 @@ if GLUON_MISSING is None:
         """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_ready, walk_s = ring[2], ring[4]
-        p_scale = (gl.log2(scale), 1.0 / scale)  # P's (``_prep_chunk``), once
+        p_scale = (gl.log2(scale), -1.0 / scale)  # P's (``_prep_chunk``), once
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
             it = 0
             for w in range(_my_walks(order)):
@@ -356,8 +360,9 @@ if GLUON_MISSING is None:
         """The stage of this program's chunk before ``it`` back to the loader, once its output has left its v tile,
         and with it that chunk's stage of Ai and P to the prep (``_prep_step``)."""
         if it > 0:
-            tma.store_wait(pendings=0)
             fence_async_shared()  # this walker's reads of the chunk's stages are done before the prep refills them
+            # the fence before the wait: after it, Triton put a barrier of its own between the wait and the fence
+            tma.store_wait(pendings=0)
             cta_barrier()
             mbarrier.arrive(kq_free.index((it - 1) % NA), count=1)
 
@@ -392,7 +397,9 @@ if GLUON_MISSING is None:
         mbarrier.wait(kq_ready.index(s), (it // NA) & 1)
         kq_cur = kq_s.index(s)
         k_cur = _keys(kq_cur)
-        if fresh:
+        # WARM_UP first: whole walks pass fresh as a constant that Triton keeps as a branch, whose arrival cost each
+        # chunk a barrier where the branches join (Triton's shared-memory analysis)
+        if WARM_UP and fresh:
             _release_last_stage(it, kq_free, NA)
             KS = zero
             QS = zero
