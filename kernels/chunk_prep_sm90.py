@@ -98,20 +98,20 @@ if GLUON_MISSING is None:
         c0, c1, c2, c3 = _column_blocks(M, BT)
         rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-        N = gl.where(rb == 0, c0, gl.where(rb == 1, c1, gl.where(rb == 2, c2, c3)))  # the diagonal block -N_b
-        N = gl.convert_layout(gl.reshape(N, [BT // 16, 16, 16]), mv2)
+        minus_N = gl.where(rb == 0, c0, gl.where(rb == 1, c1, gl.where(rb == 2, c2, c3)))  # M's diagonal block
+        minus_N = gl.convert_layout(gl.reshape(minus_N, [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, mv2)))[None, None, :]
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mv2, k_width=2)
         b_op: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mv2, k_width=2)
         zero = gl.zeros([BT // 16, 16, 16], gl.float32, mv2)
-        Y = gl.where(i == k, 1.0, gl.where((i // 2 == k // 2) & (i > k), N, 0.0))
-        N_b = _half(N, b_op)  # once: converted at each level, it cost the prep's loop 8 instructions
+        Y = gl.where(i == k, 1.0, gl.where((i // 2 == k // 2) & (i > k), minus_N, 0.0))
+        minus_N_b = _half(minus_N, b_op)  # once: converted at each level, it cost the prep's loop 8 instructions
         i_b = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, b_op)))[None, :, None]
         k_b = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, b_op)))[None, None, :]
         for level in gl.static_range(1, 4):  # Y - (Y L) Y: the accumulator's layout is A's, B's is a shuffle away
             below = (i_b >> (level + 1) == k_b >> (level + 1)) & (i_b >> level > k_b >> level)  # s = 2^level
-            YL = mma_v2(_half(Y, a_op), gl.where(below, N_b, 0.0), zero)
+            YL = mma_v2(_half(Y, a_op), gl.where(below, minus_N_b, 0.0), zero)  # Y (-L)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
         x_s.store(gl.reshape(Y, [BT, 16]).to(gl.float16))
         M_left = gl.where(rb == 1, c0, gl.where(rb == 3, c2, 0.0))  # M_{b,b-1}, odd b
@@ -187,10 +187,10 @@ if GLUON_MISSING is None:
         d_s.store(D_op)
         fence_async_shared()
         _, D_right = _half_columns(D_op, BT)
-        DL = warpgroup_mma(gl.convert_layout(D_right, a_op), l_s.slice(BT // 2, BT // 2, dim=0),  # D (-L)
-                           gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
-        DL_left, _ = _half_columns(DL.to(dt), BT)
-        return warpgroup_mma(gl.convert_layout(DL_left, a_op), d_s.slice(0, BT // 2, dim=0), D)
+        minus_DL = warpgroup_mma(gl.convert_layout(D_right, a_op), l_s.slice(BT // 2, BT // 2, dim=0),
+                                 gl.zeros([BT, BT], gl.float32, mma), use_acc=False)
+        minus_DL_left, _ = _half_columns(minus_DL.to(dt), BT)
+        return warpgroup_mma(gl.convert_layout(minus_DL_left, a_op), d_s.slice(0, BT // 2, dim=0), D)
 
     @gluon.jit
     def _chunk_rows(item, chunk_indices, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
