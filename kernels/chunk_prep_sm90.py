@@ -60,8 +60,15 @@ PROGRAMS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 
 if GLUON_MISSING is None:
-    # the block inverses' exchange between warps, [BT, 16]: Y_b in rows 16 b to 16 b + 15 (``_block_inverses``)
-    EXCHANGE_SHARED = gl.constexpr(gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    @gluon.jit
+    def _exchange_buffer(BT: gl.constexpr):
+        """The block inverses' exchange between warps (``_block_inverses``): 2 BT / 16 blocks of 16 x 16 (fp16, a
+        power of 2 of them), zeroed once, as the blocks the even warps load must not hold a NaN."""
+        x_s = gl.allocate_shared_memory(gl.float16, [2 * (BT // 16), 16, 16],
+                                        gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
+        x_s.store(gl.zeros([2 * (BT // 16), 16, 16], gl.float16,
+                           gl.BlockedLayout([1, 1, 2], [1, 16, 2], [4, 1, 1], [2, 1, 0])))
+        return x_s
 
     @gluon.jit
     def _half(x, operand: gl.constexpr):
@@ -87,18 +94,23 @@ if GLUON_MISSING is None:
         In the layout mma warp b holds rows 16 b to 16 b + 15, so its 16 x 16 diagonal block N_b stays in its
         registers: with Y the inverses of the s x s blocks and L the part of N_b below them within the 2s x 2s
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
-        products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (2 KB, fp16) for the block below
-        the diagonal, X_b = Y_b (M_{b,b-1} Y_{b-1}): every warp loads Y_0 and Y_2 as B operands (the same in every
-        warp along the rows) and computes M_{b,b-1} Y_0 and M_{b,b-1} Y_2 (M_{b,b-1} is 0 in the even warps), so
-        that no layout conversion passes through shared memory (one barrier, where the exchange into a per-warp
-        layout took four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth session). Forward
+        products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (``_exchange_buffer``) for the block
+        below the diagonal, X_b = Y_b (M_{b,b-1} Y_{b-1}), in the layout of the levels (one barrier, where the
+        exchange into a per-warp layout took four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth
+        session): warp b stores Y_b into block 2 b + 1 and loads block 4 (b >> 1) + (b & 1) as a B operand, which
+        is Y_{b-1}'s in the odd warps and a zero block in the even ones (where M_{b,b-1} is 0). Every warp loaded Y_0
+        and Y_2 and took both products, then a select: 24 instructions a chunk more in the warp-specialized prep
+        (fifty-eighth session). Forward
         substitution through shared memory read a column of A_b at each of its 15 steps; the Neumann form
         (I - N)(I + N^2)(I + N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md,
         thirty-ninth session)."""
         c0, c1, c2, c3 = _column_blocks(M, BT)
         rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-        minus_N = gl.where(rb == 0, c0, gl.where(rb == 1, c1, gl.where(rb == 2, c2, c3)))  # M's diagonal block
+        even = (rb & 1) == 0
+        upper = (rb & 2) == 0  # as rb < 2, ptxas moved a uniform predicate into a register before every select
+        minus_N_left = gl.where(upper, c0, c2)  # M_{b,b-1} in the odd warps b, shared with the diagonal block's
+        minus_N = gl.where(even, minus_N_left, gl.where(upper, c1, c3))  # M's diagonal block
         minus_N = gl.convert_layout(gl.reshape(minus_N, [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, mv2)))[None, None, :]
@@ -113,25 +125,23 @@ if GLUON_MISSING is None:
             below = (i_b >> (level + 1) == k_b >> (level + 1)) & (i_b >> level > k_b >> level)  # s = 2^level
             YL = mma_v2(_half(Y, a_op), gl.where(below, minus_N_b, 0.0), zero)  # Y (-L)
             Y = mma_v2(_half(YL, a_op), _half(Y, b_op), Y)
-        x_s.store(gl.reshape(Y, [BT, 16]).to(gl.float16))
-        M_left = gl.where(rb == 1, c0, gl.where(rb == 3, c2, 0.0))  # M_{b,b-1}, odd b
-        flat: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1], instr_shape=[16, 8])
-        a_flat: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=flat, k_width=2)
-        b_flat: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=flat, k_width=2)
-        M_left = _half(M_left, a_flat)
-        zero_flat = gl.zeros([BT, 16], gl.float32, flat)
+        # views of blocks 2 b + 1 and 4 (b >> 1) + (b & 1) (a subslice's offset is a multiple of its size, and a
+        # subslice cannot be reshaped: the register tensors are)
+        x_s.reshape([BT // 16, 2, 16, 16]).slice(1, 1, dim=1).store(gl.reshape(Y.to(gl.float16), [BT // 16, 1, 16, 16]))
+        M_left = _half(gl.reshape(gl.where(even, 0.0, minus_N_left), [BT // 16, 16, 16]), a_op)  # M_{b,b-1}, odd b
         cta_barrier()  # Y_0 and Y_2 were stored by warps 0 and 2
-        MY0 = mma_v2(M_left, x_s.slice(0, 16, dim=0).load(b_flat), zero_flat)
-        MY2 = mma_v2(M_left, x_s.slice(BT // 2, 16, dim=0).load(b_flat), zero_flat)
-        rows = gl.arange(0, BT, layout=gl.SliceLayout(1, flat))
-        MY = gl.reshape(gl.where((rows < BT // 2)[:, None], MY0, MY2), [BT // 16, 16, 16])  # even b: not used
+        loaded: gl.constexpr = gl.reshape(minus_N_b, [2, 1, 2, 16, 16]).type.layout  # b_op's
+        Y_above = x_s.reshape([2, 2, 2, 16, 16]).slice(0, 1, dim=1).load(loaded)
+        MY = mma_v2(M_left, gl.convert_layout(gl.reshape(Y_above, [BT // 16, 16, 16]), b_op), zero)
         X = mma_v2(_half(Y, a_op), _half(MY, b_op), zero)
         Y = gl.convert_layout(gl.reshape(Y, [BT, 16]), c0.type.layout)
         X = gl.convert_layout(gl.reshape(X, [BT, 16]), c0.type.layout)
-        # D's column blocks: Y_b on the diagonal, X_b left of it in the odd row blocks
-        d0 = gl.where(rb == 0, Y, gl.where(rb == 1, X, 0.0))
-        d2 = gl.where(rb == 2, Y, gl.where(rb == 3, X, 0.0))
-        D = gl.join(gl.join(d0, d2), gl.join(gl.where(rb == 1, Y, 0.0), gl.where(rb == 3, Y, 0.0)))
+        # D's column blocks: Y_b on the diagonal, X_b left of it in the odd row blocks (the warps' upper or lower
+        # half of the blocks from two selects shared by both, where each block took its own)
+        left = gl.where(even, Y, X)  # column block b - (b odd)
+        right = gl.where(even, 0.0, Y)  # column block b in the odd warps
+        D = gl.join(gl.join(gl.where(upper, left, 0.0), gl.where(upper, 0.0, left)),
+                    gl.join(gl.where(upper, right, 0.0), gl.where(upper, 0.0, right)))
         return gl.convert_layout(gl.reshape(gl.permute(D, (0, 2, 3, 1)), [BT, BT]), mma)
 
     @gluon.jit
@@ -170,7 +180,7 @@ if GLUON_MISSING is None:
         the diagonal is read; given A, the negations in here and in ``_block_inverses`` cost the warp-specialized
         prep's loop 34 instructions a chunk: BENCHMARKS.md, fifty-seventh session); Ai is it times diag(beta), which
         the callers apply (beta's columns need not stay in registers through the solve). d_s and l_s: [BT, BT] tiles
-        for D and -L; x_s: the block inverses' exchange buffer (fp16 [BT, 16], EXCHANGE_SHARED); wgmma operands are
+        for D and -L; x_s: the block inverses' exchange buffer (``_exchange_buffer``); wgmma operands are
         rounded to d_s's dtype.
 
         With D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``) and L =
@@ -214,7 +224,7 @@ if GLUON_MISSING is None:
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
-        x_s = gl.allocate_shared_memory(gl.float16, [BT, 16], EXCHANGE_SHARED)  # the solve's scratch
+        x_s = _exchange_buffer(BT)  # the solve's scratch
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(2):
             mbarrier.init(bars.index(b), count=1)

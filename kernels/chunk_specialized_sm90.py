@@ -91,7 +91,9 @@ a chunk between them): 1.016x at B=4 T=8192 (389.4 -> 383.4 us), level elsewhere
 walkers' X, which took a sign-bit flip an element before its FFMA: 1.021x over 74c7382 there against 1.015 (H200).
 Fifty-seventh session: the prep's solve given -A (``chunk_prep_sm90._solve``), where its products negated A and D L
 (34 instructions a chunk), and two barriers fewer in each walker's chunk: 1.045x over 74c7382 at B=4 T=8192 against
-the tree's 1.023 (384.2 -> 375.7 us), level elsewhere (H200).
+the tree's 1.023 (384.2 -> 375.7 us), level elsewhere (H200). Fifty-eighth session: the block inverses' blocks below
+the diagonal from one product a warp (``chunk_prep_sm90._block_inverses``; 24 instructions a chunk fewer in the
+prep): 1.052x over 74c7382 at B=4 T=8192 against the tree's 1.043 (375.8 -> 371.2 us), level elsewhere (H200).
 
 Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
@@ -109,7 +111,7 @@ from .chunk_walk_sm90 import unsupported as _walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import EXCHANGE_SHARED, _solve
+    from .chunk_prep_sm90 import _exchange_buffer, _solve
     from .chunk_walk_transposed_sm90 import _chunk_tokens, _state_offsets, _store_output, _warm_up_start
     from .gluon_hopper import (LOG2E, cta_barrier, exp2, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                unhoisted, warpgroup_mma, warpgroup_mma_wait)
@@ -508,7 +510,7 @@ if GLUON_MISSING is None:
         ai_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         d_s = (gl.allocate_shared_memory(dt, [BT, BT], tile),  # the prep's D and its block inverses' exchange
-               gl.allocate_shared_memory(gl.float16, [BT, 16], EXCHANGE_SHARED))
+               _exchange_buffer(BT))
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
