@@ -63,7 +63,9 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _exchange_buffer(BT: gl.constexpr):
         """The block inverses' exchange between warps (``_block_inverses``): 2 BT / 16 blocks of 16 x 16 (fp16, a
-        power of 2 of them), zeroed once, as the blocks the even warps load must not hold a NaN."""
+        power of 2 of them), zeroed once, as the blocks the even warps load must not hold a NaN. The zeros are in
+        before any read: a barrier precedes it (the block inverses' own, and in a warp-specialized kernel, whose
+        default warps store them, the partitions' start)."""
         x_s = gl.allocate_shared_memory(gl.float16, [2 * (BT // 16), 16, 16],
                                         gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0]))
         x_s.store(gl.zeros([2 * (BT // 16), 16, 16], gl.float16,
@@ -99,11 +101,11 @@ if GLUON_MISSING is None:
         exchange into a per-warp layout took four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth
         session): warp b stores Y_b into block 2 b + 1 and loads block 4 (b >> 1) + (b & 1) as a B operand, which
         is Y_{b-1}'s in the odd warps and a zero block in the even ones (where M_{b,b-1} is 0). Every warp loaded Y_0
-        and Y_2 and took both products, then a select: 24 instructions a chunk more in the warp-specialized prep
-        (fifty-eighth session). Forward
-        substitution through shared memory read a column of A_b at each of its 15 steps; the Neumann form
-        (I - N)(I + N^2)(I + N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md,
-        thirty-ninth session)."""
+        and Y_2 and took both products, then a select, and the selects of M's blocks were not shared: 24 instructions
+        a chunk more in the warp-specialized prep (BENCHMARKS.md, fifty-eighth session). Forward substitution
+        through shared memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)
+        (I + N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth
+        session)."""
         c0, c1, c2, c3 = _column_blocks(M, BT)
         rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
@@ -130,7 +132,7 @@ if GLUON_MISSING is None:
         x_s.reshape([BT // 16, 2, 16, 16]).slice(1, 1, dim=1).store(gl.reshape(Y.to(gl.float16), [BT // 16, 1, 16, 16]))
         M_left = _half(gl.reshape(gl.where(even, 0.0, minus_N_left), [BT // 16, 16, 16]), a_op)  # M_{b,b-1}, odd b
         cta_barrier()  # Y_0 and Y_2 were stored by warps 0 and 2
-        loaded: gl.constexpr = gl.reshape(minus_N_b, [2, 1, 2, 16, 16]).type.layout  # b_op's
+        loaded: gl.constexpr = gl.reshape(minus_N_b, [2, 1, 2, 16, 16]).type.layout  # b_op, batch split as the view
         Y_above = x_s.reshape([2, 2, 2, 16, 16]).slice(0, 1, dim=1).load(loaded)
         MY = mma_v2(M_left, gl.convert_layout(gl.reshape(Y_above, [BT // 16, 16, 16]), b_op), zero)
         X = mma_v2(_half(Y, a_op), _half(MY, b_op), zero)
