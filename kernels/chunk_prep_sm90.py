@@ -55,7 +55,7 @@ BT = 64  # tokens per chunk (chunk.CHUNK)
 WARPS = 4  # one warpgroup
 HEAD_DIMS = (64, 128, 256)
 # the persistent grid: programs per SM, as registers (146 a thread: three warpgroups) and shared memory (two key
-# tiles, two 64 x 64 ones and 2 KB: 36, 52 and 84 KB at K = 64, 128 and 256) let them all run at once
+# tiles, two 64 x 64 ones and 4 KB: 36, 52 and 84 KB at K = 64, 128 and 256) let them all run at once
 PROGRAMS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 
@@ -111,8 +111,8 @@ if GLUON_MISSING is None:
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
         even = (rb & 1) == 0
         upper = (rb & 2) == 0  # as rb < 2, ptxas moved a uniform predicate into a register before every select
-        minus_N_left = gl.where(upper, c0, c2)  # M_{b,b-1} in the odd warps b, shared with the diagonal block's
-        minus_N = gl.where(even, minus_N_left, gl.where(upper, c1, c3))  # M's diagonal block
+        M_pair_left = gl.where(upper, c0, c2)  # M's column block 2 (b >> 1): -N_b in the even warps, M_{b,b-1} odd
+        minus_N = gl.where(even, M_pair_left, gl.where(upper, c1, c3))  # M's diagonal block
         minus_N = gl.convert_layout(gl.reshape(minus_N, [BT // 16, 16, 16]), mv2)
         i = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, mv2)))[None, :, None]
         k = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, mv2)))[None, None, :]
@@ -130,7 +130,7 @@ if GLUON_MISSING is None:
         # views of blocks 2 b + 1 and 4 (b >> 1) + (b & 1) (a subslice's offset is a multiple of its size, and a
         # subslice cannot be reshaped: the register tensors are)
         x_s.reshape([BT // 16, 2, 16, 16]).slice(1, 1, dim=1).store(gl.reshape(Y.to(gl.float16), [BT // 16, 1, 16, 16]))
-        M_left = _half(gl.reshape(gl.where(even, 0.0, minus_N_left), [BT // 16, 16, 16]), a_op)  # M_{b,b-1}, odd b
+        M_left = _half(gl.reshape(gl.where(even, 0.0, M_pair_left), [BT // 16, 16, 16]), a_op)  # M_{b,b-1}, odd b
         cta_barrier()  # Y_0 and Y_2 were stored by warps 0 and 2
         loaded: gl.constexpr = gl.reshape(minus_N_b, [2, 1, 2, 16, 16]).type.layout  # b_op, batch split as the view
         Y_above = x_s.reshape([2, 2, 2, 16, 16]).slice(0, 1, dim=1).load(loaded)

@@ -18,8 +18,8 @@ Here one program per SM takes (sequence, value head) pairs in turn, or warm-up s
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o scale exp(gc) + v_new^T P^T.
 
 Shared memory (one program per SM): k, q and v in three stages (a stage's k and q in one tile), the gates and their
-exps in three, Ai and P in two (the Ai stage holds -L during the solve), the solve's D and its block inverses' 2 KB
-exchange: 190.1 KB, so 36.9 of the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output
+exps in three, Ai and P in two (the Ai stage holds -L during the solve), the solve's D and its block inverses' 4 KB
+exchange: 192.1 KB, so 34.9 of the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output
 leaves by TMA through the walker's half of the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
