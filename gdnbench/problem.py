@@ -8,13 +8,15 @@ these tensors (outside the timed region) and its outputs are converted back to t
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gdnbench.reference import gate_from_raw, l2norm
+from gdnbench.reference import decay_from_raw, gate_from_raw, l2norm
 from gdnbench.suite import Case
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -79,6 +81,30 @@ def seq_lens(case: Case, seed: int) -> list[int]:
     return [bounds[i + 1] - bounds[i] for i in range(n)]
 
 
+def half_life_gating(half_life: tuple[float, float], HV: int,
+                     gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A_log, dt_bias) [HV] that put raw gating in a half-life regime (docs/design.md, "Gate regimes").
+
+    With a ~ N(0, 1) per token, g = -exp(A_log) * softplus(a + dt_bias). Each value head draws its mean
+    half-life h log-uniformly from ``half_life`` and dt_bias ~ U(0, 1); A_log = log(ln 2 / (h m)), with m
+    the mean of softplus(a + dt_bias) over a, makes the mean log decay -ln 2 / h, around which each token's
+    varies by the positive factor softplus(a + dt_bias) / m. h = inf gives A_log = -inf: no decay.
+    """
+    lo, hi = half_life
+    h = lo * (hi / lo) ** torch.rand(HV, generator=gen, dtype=torch.float64) if lo < hi else torch.full(
+        (HV,), lo, dtype=torch.float64)
+    dt_bias = torch.rand(HV, generator=gen, dtype=torch.float64)
+    A_log = torch.log(math.log(2) / (h * _mean_softplus_of_normal(dt_bias)))
+    return A_log.float(), dt_bias.float()
+
+
+def _mean_softplus_of_normal(shift: torch.Tensor) -> torch.Tensor:
+    """E[softplus(z + shift)] for z ~ N(0, 1), by Gauss-Hermite quadrature (64 nodes, fp64)."""
+    nodes, weights = np.polynomial.hermite_e.hermegauss(64)
+    z = torch.from_numpy(nodes)[:, None] + shift[None, :]
+    return (torch.from_numpy(weights)[:, None] * F.softplus(z)).sum(0) / math.sqrt(2 * math.pi)
+
+
 def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> Problem:
     """Build the inputs of ``case`` following FLA's own test recipe (DESIGN.md section 2)."""
     gen = torch.Generator().manual_seed(case_seed(seed, case.id))
@@ -100,12 +126,18 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
     if case.gating == "raw":
         raw["a"] = torch.randn(B, T, HV, generator=gen).to(dtype)
         raw["b"] = torch.randn(B, T, HV, generator=gen).to(dtype)
-        raw["A_log"] = torch.log(torch.empty(HV).uniform_(1, 16, generator=gen))
-        raw["dt_bias"] = torch.rand(HV, generator=gen)
+        if case.half_life is None:
+            raw["A_log"] = torch.log(torch.empty(HV).uniform_(1, 16, generator=gen))
+            raw["dt_bias"] = torch.rand(HV, generator=gen)
+        else:
+            raw["A_log"], raw["dt_bias"] = half_life_gating(case.half_life, HV, gen)
         g, beta = gate_from_raw(raw["a"], raw["b"], raw["A_log"], raw["dt_bias"])
     else:
         beta = torch.sigmoid(torch.rand(B, T, HV, generator=gen))
-        g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / case.gate_norm
+        if case.half_life is None:
+            g = F.logsigmoid(torch.rand(B, T, HV, generator=gen)) / case.gate_norm
+        else:
+            g = decay_from_raw(torch.randn(B, T, HV, generator=gen), *half_life_gating(case.half_life, HV, gen))
         if case.mask_p > 0:
             g = g.masked_fill(torch.rand(B, T, HV, generator=gen) < case.mask_p, 0.0)
 

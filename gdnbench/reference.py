@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["l2norm", "gdn_recurrent", "gdn_chunk", "gdn_decode", "gate_from_raw", "VarlenLayout",
+__all__ = ["l2norm", "gdn_recurrent", "gdn_chunk", "gdn_decode", "gate_from_raw", "decay_from_raw", "VarlenLayout",
            "SlotLayout", "start_slots"]
 
 
@@ -55,11 +55,13 @@ def gate_from_raw(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple
 
     a, b: [B, T, HV]; A_log, dt_bias: [HV] (broadcast over the last dim). Returns (g, beta), both fp32.
     """
-    a32, b32 = a.float(), b.float()
+    return decay_from_raw(a, A_log, dt_bias), torch.sigmoid(b.float())
+
+
+def decay_from_raw(a: Tensor, A_log: Tensor, dt_bias: Tensor) -> Tensor:
+    """The log decay of raw gating, g = -exp(A_log) * softplus(a + dt_bias), in fp32."""
     # softplus with torch's default beta=1, threshold=20 (linear above 20), which is what the models use.
-    g = -torch.exp(A_log.float()) * F.softplus(a32 + dt_bias.float())
-    beta = torch.sigmoid(b32)
-    return g, beta
+    return -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
 
 
 # --------------------------------------------------------------------------------------------------

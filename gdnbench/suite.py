@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,6 +50,9 @@ class Case(_Strict):
     state_dtype: Literal["fp32", "bf16"] = "fp32"
     gate_norm: float = Field(1.0, gt=0, description="divides the log decay; larger = weaker decay")
     mask_p: float = Field(0.0, ge=0, le=1, description="share of g entries set to 0")
+    half_life: tuple[float, float] | None = Field(
+        None, description="gate regime: each value head's mean half-life in tokens, log-uniform in [lo, hi] "
+        "(a number: that half-life; inf: no decay); the per-token decay varies around it as a gated model's does")
     scale: float | None = Field(None, gt=0, description="q scale; default K**-0.5")
     qk_l2norm: Literal["pre", "kernel"] = "pre"
     gating: Literal["pre", "raw"] = "pre"
@@ -66,6 +70,30 @@ class Case(_Strict):
     def _positive_lens(cls, v: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if v is not None and (len(v) == 0 or any(n < 1 for n in v)):
             raise ValueError("must be a non-empty list of positive lengths")
+        return v
+
+    @field_validator("half_life", mode="before")
+    @classmethod
+    def _half_life_range(cls, v: Any) -> Any:
+        def number(x: Any) -> Any:  # YAML reads `inf` as a string (`.inf` as a float)
+            return float("inf") if isinstance(x, str) and x.strip().lower() in ("inf", ".inf") else x
+
+        if v is None:
+            return v
+        if isinstance(v, (list, tuple)):
+            return tuple(number(x) for x in v)
+        return (number(v), number(v))  # one number (or inf): every head the same mean half-life
+
+    @field_validator("half_life")
+    @classmethod
+    def _half_life_valid(cls, v: tuple[float, float] | None) -> tuple[float, float] | None:
+        if v is None:
+            return v
+        lo, hi = v
+        if not 0 < lo <= hi:
+            raise ValueError("needs 0 < lo <= hi (half-lives in tokens)")
+        if math.isinf(hi) and not math.isinf(lo):
+            raise ValueError("a range is finite; inf alone means no decay")
         return v
 
     @model_validator(mode="after")
@@ -86,6 +114,8 @@ class Case(_Strict):
         if self.gating == "raw":
             need(self.gate_norm == 1 and self.mask_p == 0,
                  "gate_norm and mask_p shape the pre-computed g; with gating: raw, g comes from a and A_log")
+        need(self.half_life is None or self.gate_norm == 1,
+             "gate_norm scales FLA's recipe of g; half_life sets the decay itself: give one of them")
         if self.op == "decode":
             need(self.mode == "padded", "decode cases are mode: padded (B sequences of T tokens)")
             need(self.B is not None, "decode needs B")
@@ -152,6 +182,7 @@ class Case(_Strict):
             "scale": _num(self.scale) if self.scale is not None else None,
             "l2": "kernel" if self.qk_l2norm == "kernel" else None,
             "gating": "raw" if self.gating == "raw" else None,
+            "hl": _range(self.half_life) if self.half_life is not None else None,
             "init": self.initial_state if self.initial_state != ("random" if self.op == "decode" else "none") else None,
             "final": "no" if not self.output_final_state else None,
             "pool": self.pool_size if self.op == "decode" and self.pool_size != self.N * self.state_writes else None,
@@ -340,6 +371,11 @@ def _format_errors(path: str, tag: str, err: ValidationError, fields: dict[str, 
 
 def _num(x: float) -> str:
     return f"{x:g}"
+
+
+def _range(bounds: tuple[float, float]) -> str:
+    lo, hi = bounds
+    return _num(lo) if lo == hi else f"{_num(lo)}-{_num(hi)}"
 
 
 def _short_hash(values: Any) -> str:

@@ -1,6 +1,10 @@
 """Canonical inputs: deterministic per (seed, case id), in DESIGN.md's shapes, dtypes and ranges."""
 
+import math
+
+import pytest
 import torch
+import torch.nn.functional as F
 
 from gdnbench.problem import make_problem, seq_lens
 from gdnbench.roofline import traffic
@@ -63,6 +67,36 @@ def test_raw_gating_derives_g_and_beta():
     g = -torch.exp(p.A_log) * torch.nn.functional.softplus(p.a + p.dt_bias)
     assert torch.allclose(p.g, g) and torch.allclose(p.beta, torch.sigmoid(p.b))
     assert ((p.A_log.exp() >= 1) & (p.A_log.exp() <= 16)).all()
+
+
+@pytest.mark.parametrize("gating", ["pre", "raw"])
+def test_half_life_regimes(gating):
+    """Each value head's mean log decay is -ln 2 / its half-life, drawn within the range; tokens vary around it;
+    raw gating derives the same regime through A_log and dt_bias."""
+    lo, hi = 10.0, 1e4
+    p = make_problem(Case(B=1, T=20000, H=1, HV=6, D=4, dtype="fp32", gating=gating, half_life=[lo, hi]), 0)
+    half_lives = -math.log(2) / p.g[0].mean(0)
+    assert ((half_lives > lo * 0.95) & (half_lives < hi * 1.05)).all(), half_lives
+    assert half_lives.max() / half_lives.min() > 10  # log-uniform across heads, not one value
+    spread = p.g[0] / p.g[0].mean(0)
+    assert (spread > 0).all() and spread.max() > 2 and spread.min() < 0.5  # per-token variation
+    if gating == "raw":
+        assert torch.equal(p.g, -torch.exp(p.A_log) * F.softplus(p.a.float() + p.dt_bias))
+    again = make_problem(Case(B=1, T=20000, H=1, HV=6, D=4, dtype="fp32", gating=gating, half_life=[lo, hi]), 0)
+    assert torch.equal(p.g, again.g)
+
+
+@pytest.mark.parametrize("gating", ["pre", "raw"])
+def test_no_decay_and_a_single_half_life(gating):
+    none = make_problem(Case(B=2, T=50, H=1, HV=2, D=4, gating=gating, half_life=".inf"), 0)
+    assert (none.g == 0).all() and torch.isfinite(none.beta).all()
+    one = make_problem(Case(B=1, T=20000, H=1, HV=2, D=4, gating=gating, half_life=100), 0)
+    assert torch.allclose(-math.log(2) / one.g[0].mean(0), torch.full((2,), 100.0), rtol=0.05)
+
+
+def test_half_life_composes_with_mask_p():
+    p = make_problem(Case(B=1, T=4000, H=1, HV=2, D=4, half_life=[1, 10], mask_p=0.5), 0)
+    assert 0.45 < (p.g == 0).float().mean() < 0.55 and (p.g <= 0).all()
 
 
 def test_decode_pool_and_slots():

@@ -56,6 +56,17 @@ def test_shipped_suites_load():
     assert len(load_suite("parity").cases) == 27
 
 
+def test_half_life_forms_and_ids():
+    base = dict(B=1, T=8, H=1, D=8)
+    assert Case(**base, half_life=[1, 1e5]).half_life == (1, 1e5)
+    assert Case(**base, half_life=100).half_life == (100, 100)
+    assert Case(**base, half_life=float("inf")).id.endswith(",hl=inf")
+    assert Case(**base, half_life=[1, 1e5]).id.endswith(",hl=1-100000")
+    assert "hl=" not in Case(**base).id  # FLA's recipe keeps the ids of existing cases
+    raw = suite(cases=[{"B": 1, "T": 8, "half_life": ".inf", "gating": "raw", "mask_p": 0}])
+    assert raw.cases[0].half_life == (float("inf"), float("inf"))
+
+
 @pytest.mark.parametrize("kw, needles", [
     (dict(cases=[{"B": 1, "T": 8, "bogus": 1}]), ["cases[0]", "bogus", "unknown field"]),
     (dict(cases=[{"B": "four", "T": 8}]), ["cases[0]", "'B'", "four"]),
@@ -73,6 +84,10 @@ def test_shipped_suites_load():
     (dict(cases=[{"B": 4, "T": 8, "per_token_slots": True}]), ["cases[0]", "per_token_slots are for decode"]),
     (dict(cases=[{"B": 1, "T": 8, "gating": "raw", "gate_norm": 2}]), ["cases[0]", "gating: raw"]),
     (dict(cases=[{"B": 1, "T": 8}, {"B": 1, "T": 8}]), ["cases[1]", "duplicate case id"]),
+    (dict(cases=[{"B": 1, "T": 8, "half_life": [10, 1]}]), ["cases[0]", "'half_life'", "0 < lo <= hi"]),
+    (dict(cases=[{"B": 1, "T": 8, "half_life": [1, ".inf"]}]), ["cases[0]", "'half_life'", "inf alone"]),
+    (dict(cases=[{"B": 1, "T": 8, "half_life": 0}]), ["cases[0]", "'half_life'"]),
+    (dict(cases=[{"B": 1, "T": 8, "half_life": 5, "gate_norm": 2}]), ["cases[0]", "give one of them"]),
     (dict(axes={"B": [1, "x"], "T": [8]}), ["axes (combination 1)", "'B'"]),
     (dict(axes={"B": 3}), ["axes", "'B'", "non-empty list"]),
     (dict(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline="torch.recurrent"), ["baseline"]),
