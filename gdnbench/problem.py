@@ -63,6 +63,41 @@ class Problem:
         assert self.state_pool is not None, "not a decode problem"
         return self.state_pool.clone()
 
+    def copy(self) -> Problem:
+        """The same problem in tensors of its own: what a backend is given, so that what it writes in memory
+        it does not own reaches no other backend (``changed_inputs`` finds it)."""
+        return replace(self, **{name: t.clone() for name, t in self._tensor_fields().items()})
+
+    def changed_inputs(self, copy: Problem) -> list[str]:
+        """The inputs that ``copy`` (made by ``copy()``) no longer holds bit for bit, each with what changed."""
+        changed = []
+        for name, mine in self._tensor_fields().items():
+            theirs = getattr(copy, name)
+            if theirs.shape != mine.shape or theirs.dtype != mine.dtype:
+                changed.append(f"{name} (now {theirs.dtype} {tuple(theirs.shape)})")
+                continue
+            differs = _bits(theirs) != _bits(mine)
+            if not differs.any():
+                continue
+            if name == "state_pool":
+                slots = differs.flatten(1).any(1)
+                owned = torch.zeros_like(slots)
+                owned[self.slot_idx.long().flatten()] = True
+                changed.append(f"state_pool ({int((slots & owned).sum())} slot(s) in slot_idx, "
+                               f"{int((slots & ~owned).sum())} outside)")
+            else:
+                changed.append(f"{name} ({int(differs.sum())} of {differs.numel()} elements)")
+        return changed
+
+    def _tensor_fields(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    """x's raw bits as integers (NaN equals itself, -0.0 differs from 0.0)."""
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return x.contiguous().view(ints[x.element_size()]) if x.is_floating_point() else x
+
 
 def case_seed(seed: int, case_id: str) -> int:
     """A 63-bit seed derived from the suite seed and the case id (stable across runs and machines)."""

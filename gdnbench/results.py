@@ -23,13 +23,18 @@ ROW_COLUMNS = [
     "suite", "case_id", "backend", "status", "error", "path", "version", "device",
     "timer", "l2", "n", "median_us", "p95_us", "min_us", "max_us", "mean_us", "stdev_us", "iqr_us",
     "ci_lo_us", "ci_hi_us", "converged", "baseline", "speedup", "speedup_lo", "speedup_hi",
-    "rel_err_o", "max_err_o", "rel_err_state", "max_err_state", "tol_o", "tol_state",
-    "gbytes", "gflop", "gbps", "tflops", "pct_bw", "pct_flops", "copy_us", "pct_copy", "warmup_s", "interpreted",
+    # the correctness gate (gdnbench.check): each measure, its floor and its tolerance, for o and the state
+    "rel_err_o", "floor_o", "tol_o", "local_err_o", "local_floor_o", "local_tol_o",
+    "peak_err_o", "peak_floor_o", "peak_tol_o", "max_err_o",
+    "rel_err_state", "floor_state", "tol_state", "local_err_state", "local_floor_state", "local_tol_state",
+    "peak_err_state", "peak_floor_state", "peak_tol_state", "max_err_state",
+    "gbytes", "gflop", "gbps", "tflops", "pct_bw", "pct_flops", "copy_us", "pct_copy", "warmup_s", "case_s",
+    "interpreted",
     "note",
 ]
 CASE_COLUMNS = [
     "op", "mode", "B", "T", "seq_lens", "num_seqs", "total_tokens", "H", "HV", "K", "V", "dtype",
-    "state_dtype", "gate_norm", "mask_p", "scale", "qk_l2norm", "gating", "initial_state",
+    "state_dtype", "gate_norm", "mask_p", "half_life", "scale", "qk_l2norm", "gating", "initial_state",
     "output_final_state", "pool_size", "slots", "per_token_slots",
 ]
 COLUMNS = ROW_COLUMNS + CASE_COLUMNS

@@ -15,7 +15,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import torch
 
 from gdnbench import roofline, stats
 from gdnbench.backends import Backend, Prepared
-from gdnbench.check import check, reference_outputs
+from gdnbench.check import Gate, reference_outputs
 from gdnbench.interrupts import reraise_interrupt
 from gdnbench.problem import Problem, make_problem
 from gdnbench.results import NOT_RUN
@@ -75,13 +75,23 @@ def select_cases(suite: Suite, pattern: str | None) -> list[Case]:
 
 def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
              on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[dict], list[dict]]:
-    """Rows and raw samples for one case, one row per backend."""
+    """Rows and raw samples for one case, one row per backend; each row's ``case_s`` is the case's wall time
+    (inputs, reference, error floor, every backend's calls, checks and timing)."""
+    start = time.perf_counter()
+    rows, samples = _run_case(case, backends, suite, opts, on_step)
+    for row in rows:
+        row["case_s"] = round(time.perf_counter() - start, 3)
+    return rows, samples
+
+
+def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
+              on_step: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
     base = _row_base(case, suite, opts.device)
     rows: list[dict] = []
     samples: list[dict] = []
     try:
         problem = make_problem(case, opts.seed, opts.device)
-        ref = reference_outputs(problem, suite.reference)
+        gate = Gate(problem, reference_outputs(problem, suite.reference), suite.tolerances)
     except Exception as e:  # e.g. OOM building a huge case: every backend row says so
         reraise_interrupt(e)
         status = "OOM" if isinstance(e, torch.OutOfMemoryError) else "ERROR"
@@ -90,7 +100,7 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
         return [{**base, "backend": b.name, "status": status, "error": msg} for b in backends], []
 
     dumped: dict[str, dict[str, torch.Tensor | None]] = {}
-    waiting: list[tuple[dict, Prepared]] = []  # checked, to be timed together (interleaved)
+    waiting: list[Checked] = []  # to be timed together (interleaved)
     for b in backends:
         on_step(f"{b.name}  {case.id}")
         row = {**base, "backend": b.name, "version": b.version()}
@@ -104,26 +114,36 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
             continue
         with _errors_become_rows([row], opts.device, free=not opts.interleave):
             with time_limit(suite.timing.timeout_s):
-                prepared = b.prepare(problem)
-                row.update(_first_call_and_check(prepared, problem, ref, suite, opts))
+                own = problem.copy()  # what the backend writes stays its own
+                prepared = b.prepare(own)
+                item = Checked(row, prepared, own)
+                row.update(_first_call_and_check(prepared, gate, opts.device))
                 if opts.dump_dir is not None:
                     dumped[b.name] = _dumpable(prepared.outputs(), problem)
-                if row["status"] == "NAN":
-                    continue  # nothing worth timing
-                if opts.interleave:
-                    waiting.append((row, prepared))
+                if row["status"] == "NAN":  # nothing worth timing
+                    _inputs_intact(item, gate)
+                elif opts.interleave:
+                    waiting.append(item)
                 else:
-                    _time([(row, prepared)], case, opts, samples)
+                    _time([item], case, opts, samples, gate)
 
     if waiting:
-        timed = [r for r, _ in waiting]
-        with _errors_become_rows(timed, opts.device, free=True):
+        with _errors_become_rows([item.row for item in waiting], opts.device, free=True):
             with time_limit(suite.timing.timeout_s * len(waiting)):
-                _time(waiting, case, opts, samples)
+                _time(waiting, case, opts, samples, gate)
     _add_speedups(rows, opts.baseline.get(case.op), samples)
     if opts.dump_dir is not None:
-        _dump(opts.dump_dir, problem, {"reference": _dumpable(ref, problem), **dumped})
+        _dump(opts.dump_dir, problem, {"reference": _dumpable(gate.ref, problem), **dumped})
     return rows, samples
+
+
+@dataclass
+class Checked:
+    """A backend's row, its prepared call and the copy of the problem it was given."""
+
+    row: dict
+    prepared: Prepared
+    problem: Problem
 
 
 @contextlib.contextmanager
@@ -148,27 +168,54 @@ def _mark(rows: list[dict], **cols: Any) -> None:
         r.update(cols)
 
 
-def _first_call_and_check(prepared: Prepared, p: Problem, ref: Any, suite: Suite, opts: RunOptions) -> dict[str, Any]:
+def _first_call_and_check(prepared: Prepared, gate: Gate, device: torch.device) -> dict[str, Any]:
     """Call once (JIT compile / autotune happen here, untimed) and check the result."""
     out: dict[str, Any] = {"path": prepared.path}
     if prepared.reset:
         prepared.reset()
     t0 = time.perf_counter()
     prepared.call()
-    _sync(opts.device)
+    _sync(device)
     out["warmup_s"] = round(time.perf_counter() - t0, 4)
-    verdict = check(prepared.outputs(), ref, p, suite.tolerances)
+    verdict = gate.check(prepared.outputs())
     out.update(status=verdict.status, error=verdict.message, **verdict.as_dict())
     return out
 
 
-def _time(items: list[tuple[dict, Prepared]], case: Case, opts: RunOptions, samples: list[dict]) -> None:
-    """Time the prepared backends (several: in alternation) and fill in their rows and raw samples.
+def _recheck_timed_call(item: Checked, replay: Callable[[], object], gate: Gate, device: torch.device) -> None:
+    """Check what the timed call computes, not only the first call: every output the backend returned is
+    poisoned with NaN, its state reset, and what the timer ran (the graph's replay) runs once more."""
+    outputs = item.prepared.outputs()
+    with torch.inference_mode():  # outputs allocated under inference mode can only be written there
+        for f in fields(outputs):
+            t = getattr(outputs, f.name)
+            if t is not None and t.is_floating_point():
+                t.fill_(float("nan"))
+    if item.prepared.reset:
+        item.prepared.reset()
+    replay()
+    _sync(device)
+    verdict = gate.check(item.prepared.outputs())
+    if verdict.status != "PASS":
+        item.row.update(status="FAIL", error="the timed call, run again on poisoned outputs: " + verdict.message)
+
+
+def _inputs_intact(item: Checked, gate: Gate) -> None:
+    """FAIL a backend that wrote into inputs it does not own (its copy of the problem's tensors)."""
+    changed = gate.p.changed_inputs(item.problem)
+    if changed:
+        why = "wrote into inputs it does not own: " + ", ".join(changed)
+        item.row.update(status="FAIL", error="; ".join(filter(None, [why, item.row.get("error")])))
+
+
+def _time(items: list[Checked], case: Case, opts: RunOptions, samples: list[dict], gate: Gate) -> None:
+    """Time the prepared backends (several: in alternation), fill in their rows and raw samples, then check
+    the timed calls' outputs and each backend's inputs.
 
     With ``opts.copy_reference`` a copy moving the case's bytes (roofline model) is timed as one more
     series in the same alternation, so each row's ``pct_copy`` compares it with what a copy achieves at
     that size under the same timer (launch and ramp included), not only with the 1 GiB copy's rate."""
-    timed = [(p.call, p.reset) for _, p in items]
+    timed = [(item.prepared.call, item.prepared.reset) for item in items]
     notes = [f"interleaved with {len(items) - 1} other(s)"] if len(items) > 1 else []
     if opts.copy_reference:
         try:
@@ -178,12 +225,16 @@ def _time(items: list[tuple[dict, Prepared]], case: Case, opts: RunOptions, samp
             notes.append("no copy reference: its buffers did not fit")
     measurements = measure_interleaved(timed, device=opts.device, config=opts.timing)
     copy = measurements[len(items)] if len(measurements) > len(items) else None
-    for (row, _), m in zip(items, measurements):
+    for item, m in zip(items, measurements):
+        row = item.row
         row.update(_timing_columns(m, case, opts, copy))
         if notes:
             row["note"] = "; ".join(filter(None, [row.get("note"), *notes]))
         samples.append({"case_id": case.id, "backend": row["backend"], "timer": m.timer, "l2": m.l2,
                         "samples_us": m.samples_us})
+        if row["status"] == "PASS":
+            _recheck_timed_call(item, m.replay, gate, opts.device)
+        _inputs_intact(item, gate)
 
 
 def _timing_columns(m: Measurement, case: Case, opts: RunOptions, copy: Measurement | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -59,6 +59,9 @@ class Measurement:
     l2: str  # "cold" (flushed before every sample) or "warm"
     converged: bool
     note: str = ""  # e.g. why a graph timer fell back to events
+    # what each sample ran (the captured graph's replay, or the function): run once more, the timed call's
+    # outputs can be checked
+    replay: Callable[[], object] | None = field(default=None, repr=False, compare=False)
 
 
 def default_timer(device: torch.device) -> Timer:
@@ -258,7 +261,8 @@ def measure_interleaved(fns: Sequence[Timed], *, device: torch.device, config: T
 
         torch.cuda.synchronize()
         series, converged = _sample(run_round, len(fns), config)
-        return [Measurement(s, timer=timer, l2=config.l2, converged=c, note=note) for s, c in zip(series, converged)]
+        return [Measurement(s, timer=timer, l2=config.l2, converged=c, note=note, replay=run)
+                for s, c, run in zip(series, converged, runs)]
 
 
 def _measure_wall(
@@ -290,7 +294,8 @@ def _measure_wall(
         return out
 
     series, converged = _sample(run_round, len(fns), config)
-    return [Measurement(s, timer="wall", l2=l2, converged=c) for s, c in zip(series, converged)]
+    return [Measurement(s, timer="wall", l2=l2, converged=c, replay=fn)
+            for s, c, (fn, _) in zip(series, converged, fns)]
 
 
 def _median_event_us(fn: Callable[[], object], device: torch.device) -> float:

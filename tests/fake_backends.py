@@ -12,6 +12,7 @@ import torch
 
 from gdnbench.backends import Outputs, Prepared, backend
 from gdnbench.backends.torch_common import prepare as reference_prepare
+from gdnbench.backends.torch_common import solve
 
 ANY = dict(ops={"prefill", "decode"}, devices={"cpu", "cuda"}, gating={"pre", "raw"})
 
@@ -73,6 +74,82 @@ def clobber(p):
         untouched = [s for s in range(pool.shape[0]) if s not in set(p.slot_idx.tolist())]
         pool[untouched[0]] += 1
         return Outputs(out.o, out.final_state, pool)
+
+    return _wrapped(p, change)
+
+
+@backend("fake.stale", **ANY)
+def stale(p):
+    """Right on its first call; every later call (the timed ones) does nothing."""
+    inner = reference_prepare(p, "recurrent")
+    calls = []
+
+    def call():
+        calls.append(1)
+        if len(calls) == 1:
+            inner.call()
+
+    return Prepared(call, inner.outputs, inner.reset, "fake")
+
+
+@backend("fake.pool_writer", **ANY)
+def pool_writer(p):
+    """Decode in place on the problem's own state_pool (not a copy), and one slot outside slot_idx written."""
+    outside = next(s for s in range(p.state_pool.shape[0]) if s not in set(p.slot_idx.tolist()))
+    result = {}
+
+    def call():
+        result["out"] = solve(p, "recurrent", torch.float32, state_pool=p.state_pool)
+        p.state_pool[outside] += 1
+
+    return Prepared(call, lambda: result["out"], path="fake")
+
+
+def _zero_tokens(p, tokens):
+    """The reference with the output of ``tokens`` (indices into the packed tokens) zeroed."""
+
+    def change(out):
+        o = out.o.clone()
+        o[:, tokens] = 0
+        return Outputs(o, out.final_state, out.state_pool)
+
+    return _wrapped(p, change)
+
+
+@backend("fake.drop_short", **ANY)
+def drop_short(p):
+    """Zero output for the shortest sequence of a varlen pack."""
+    lens = (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
+    n = lens.index(min(lens))
+    return _zero_tokens(p, slice(int(p.cu_seqlens[n]), int(p.cu_seqlens[n + 1])))
+
+
+@backend("fake.drop_last", **ANY)
+def drop_last(p):
+    """Zero output for the last token."""
+    return _zero_tokens(p, -1)
+
+
+@backend("fake.wrong_head", **ANY)
+def wrong_head(p):
+    """Value head 0 answers with value head 1's output."""
+
+    def change(out):
+        o = out.o.clone()
+        o[:, :, 0] = out.o[:, :, 1]
+        return Outputs(o, out.final_state, out.state_pool)
+
+    return _wrapped(p, change)
+
+
+@backend("fake.wrong_state", **ANY)
+def wrong_state(p):
+    """The last sequence's final state a tenth too large."""
+
+    def change(out):
+        state = out.final_state.clone()
+        state[-1] *= 1.1
+        return Outputs(out.o, state, out.state_pool)
 
     return _wrapped(p, change)
 

@@ -26,7 +26,7 @@ from gdnbench.backends.cudnn_gdn import cudnn_gdn as cudnn_backend
 from gdnbench.backends.flashinfer_decode import flashinfer_decode
 from gdnbench.backends.flashinfer_mtp import flashinfer_mtp
 from gdnbench.backends.flashinfer_prefill import flashinfer_prefill
-from gdnbench.check import check, reference_outputs
+from gdnbench.check import Gate, reference_outputs
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
 from gdnbench.suite import Case, ReferenceSettings, Tolerances
@@ -175,7 +175,7 @@ def run_adapter(b: base.Backend, case: Case):
         prepared.reset()
     prepared.call()
     out = prepared.outputs()
-    verdict = check(out, reference_outputs(p, ReferenceSettings()), p, Tolerances())
+    verdict = Gate(p, reference_outputs(p, ReferenceSettings()), Tolerances()).check(out)
     return p, prepared, out, verdict
 
 

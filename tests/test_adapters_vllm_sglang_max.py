@@ -31,7 +31,7 @@ from gdnbench.backends.serving_common import (
     vllm_state_indices,
     zero_padding_rows,
 )
-from gdnbench.check import check, reference_outputs
+from gdnbench.check import Gate, reference_outputs
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
 from gdnbench.reference import gate_from_raw, gdn_recurrent
@@ -409,7 +409,7 @@ def run_twice(name, p):
     assert torch.equal(first.o, again.o)
     for a, b in ((first.final_state, again.final_state), (first.state_pool, again.state_pool)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
-    verdict = check(first, reference_outputs(p, ReferenceSettings()), p, Tolerances())
+    verdict = Gate(p, reference_outputs(p, ReferenceSettings()), Tolerances()).check(first)
     assert verdict.status == "PASS", verdict.message
     return prepared, first
 

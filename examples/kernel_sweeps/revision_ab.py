@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from gdnbench.backends import Backend, Prepared, UnknownBackend, get_backend
-from gdnbench.check import check, reference_outputs
+from gdnbench.check import Gate, reference_outputs
 from gdnbench.problem import Problem, make_problem
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
@@ -118,14 +118,14 @@ def compare(suite: str, pattern: str | None, rev: str, backends: list[str], devi
                     print(f"{case.id}  {b.name}  SKIP: {reason}")
                     continue
                 p = make_problem(case, s.seed, device)
-                ref = reference_outputs(p, s.reference)
+                gate = Gate(p, reference_outputs(p, s.reference), s.tolerances)
                 sides = [_prepare_with(old, backend_at(sha, old, b), p), _prepare_with(tree, b, p)]
                 errs = []
                 for prepared in sides:  # one call from the initial state each, checked as gdnbench run checks
                     if prepared.reset is not None:
                         prepared.reset()
                     prepared.call()
-                    errs.append(check(prepared.outputs(), ref, p, s.tolerances))
+                    errs.append(gate.check(prepared.outputs()))
                 ms = measure_interleaved([(x.call, x.reset) for x in sides], device=device,  # resets as it samples
                                          config=sweep_timing(device))
                 t_old, t_new = (float(np.median(m.samples_us)) for m in ms)
