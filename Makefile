@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 # A CPU-only machine takes this CPU build; on a GPU machine install a CUDA torch first (it is kept).
 TORCH ?= torch==2.13.0
 
-.PHONY: install test test-gpu bench list clean
+.PHONY: install test test-gpu bench list status clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
@@ -25,6 +25,10 @@ bench:
 
 list:
 	gdnbench list
+
+# docs/status.md from results/baselines/ (tests/test_status_page.py fails while it is stale)
+status:
+	$(PYTHON) -m gdnbench.status_page docs/status.md
 
 clean:
 	rm -rf build *.egg-info .pytest_cache
