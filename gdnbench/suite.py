@@ -8,11 +8,13 @@ on its own, so an error names the file, the case and the field.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -280,7 +282,12 @@ def shipped_suites() -> list[str]:
 def load_suite(spec: str | Path) -> Suite:
     """Read, expand and validate a suite. Raises SuiteError naming file, case and field."""
     path = resolve_suite_path(spec)
-    text = path.read_text()
+    if path.is_dir():
+        raise SuiteError(f"{path}: a directory; a suite is a YAML file (shipped: {', '.join(shipped_suites())})")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SuiteError(f"{path}: cannot read it: {e}") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -293,7 +300,8 @@ def parse_suite(raw: Any, *, path: str = "<suite>", sha256: str = "") -> Suite:
         raise SuiteError(f"{path}: a suite is a YAML mapping, got {type(raw).__name__}")
     unknown = set(raw) - _SUITE_KEYS
     if unknown:
-        raise SuiteError(f"{path}: unknown suite key(s) {sorted(unknown)}; allowed: {sorted(_SUITE_KEYS)}")
+        raise SuiteError(f"{path}: unknown suite key(s) {sorted(unknown)}{did_you_mean(sorted(unknown)[0], _SUITE_KEYS)}; "
+                         f"allowed: {sorted(_SUITE_KEYS)}")
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise SuiteError(f"{path}: 'defaults' must be a mapping of case fields")
@@ -361,12 +369,33 @@ def _format_errors(path: str, tag: str, err: ValidationError, fields: dict[str, 
         loc = ".".join(str(x) for x in e["loc"]) or "(case)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = "unknown field" + did_you_mean(str(e["loc"][-1]), _field_names(e["loc"][:-1]))
         got = f" (got {e['input']!r})" if e["type"] not in ("extra_forbidden", "missing") and e["loc"] else ""
         lines.append(f"{path}: {tag}: field '{loc}': {msg}{got}")
     if fields is not None:
         lines.append(f"  in case {fields}")
     return "\n".join(lines)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """'; did you mean X?' for the known name closest to ``name`` (case first), or ''."""
+    known = sorted(known)
+    same_case = [k for k in known if k.lower() == name.lower()]
+    close = same_case or difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _field_names(loc: tuple) -> list[str]:
+    """The field names allowed at ``loc`` (a case's, or a suite section's such as ``timing``)."""
+    if not loc:
+        return [*Case.model_fields, "axes"]
+    field = Suite.model_fields.get(str(loc[0]))
+    if field is None:
+        return []
+    for model in (field.annotation, *get_args(field.annotation)):
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            return list(model.model_fields)
+    return []
 
 
 def _num(x: float) -> str:

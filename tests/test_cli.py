@@ -246,7 +246,7 @@ def test_copy_reference_times_a_copy_of_each_cases_bytes_beside_every_backend(tm
 
 @pytest.mark.parametrize("args, needle", [
     (["nope.yaml"], "no shipped suite"),
-    (["smoke", "--backends", "torch.nope"], "no backend named 'torch.nope'"),
+    (["smoke", "--backends", "torch.nope"], "--backends: no backend named 'torch.nope'"),
     (["smoke", "--backends", "torch.chunk", "--baseline", "torch.recurrent"], "--baseline"),
     (["smoke", "--timer", "graph", "--device", "cpu"], "needs a CUDA device"),
     (["smoke", "--filter", "no-such-case"], "matches none"),

@@ -95,6 +95,11 @@ def test_half_life_forms_and_ids():
     (dict(cases=[{"B": 1, "T": 8}], timing={"timer": "fast"}), ["timing.timer"]),
     (dict(cases=[{"B": 1, "T": 8}], tolerances={"bf16": -1}), ["tolerances.bf16"]),
     (dict(cases=[{"B": 1, "T": 8}], colour="red"), ["unknown suite key", "colour"]),
+    (dict(cases=[{"B": 1, "T": 8, "Hv": 4}]), ["cases[0]", "field 'Hv': unknown field; did you mean 'HV'?"]),
+    (dict(cases=[{"B": 1, "T": 8, "halflife": 4}]), ["did you mean 'half_life'?"]),
+    (dict(cases=[{"B": 1, "T": 8}], timing={"warmpu": 2}), ["'timing.warmpu': unknown field; did you mean 'warmup'?"]),
+    (dict(cases=[{"B": 1, "T": 8}], backend=["torch.chunk"]), ["unknown suite key", "did you mean 'backends'?"]),
+    (dict(cases=[{"B": 1, "T": 8, "zzz": 4}]), ["field 'zzz': unknown field\n"]),
     (dict(), ["no cases"]),
     (dict(cases=["B=1"]), ["cases[0]", "mapping"]),
 ])
@@ -118,6 +123,12 @@ def test_bad_yaml_and_missing_file(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(SuiteError, match="scalar.yaml: a suite is a YAML mapping"):
         load_suite(scalar)
+    with pytest.raises(SuiteError, match="a directory; a suite is a YAML file"):
+        load_suite(tmp_path)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(SuiteError, match="binary.yaml: cannot read it"):
+        load_suite(binary)
 
 
 def test_baseline_per_op():

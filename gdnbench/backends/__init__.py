@@ -12,6 +12,7 @@ import importlib.metadata
 from functools import cache
 
 from gdnbench.backends.base import Backend, Outputs, Prepared, backend
+from gdnbench.suite import did_you_mean
 
 __all__ = ["Backend", "Outputs", "Prepared", "backend", "registry", "get_backend", "UnknownBackend"]
 
@@ -55,7 +56,8 @@ def get_backend(name: str) -> Backend:
         if not isinstance(obj, Backend):
             raise UnknownBackend(f"{name!r} is a {type(obj).__name__}, not a gdnbench Backend")
         return obj
-    raise UnknownBackend(f"no backend named {name!r} (registered: {', '.join(registry())})")
+    raise UnknownBackend(f"no backend named {name!r}{did_you_mean(name, registry())} "
+                         f"(`gdnbench list` shows the {len(registry())} registered)")
 
 
 def _broken(name: str, reason: str) -> Backend:

@@ -94,16 +94,24 @@ class Backend:
                 return f"{self.name}: cannot import {module} ({reason})"
         return None
 
-    def unsupported(self, case: Case, device: torch.device) -> str | None:
-        """Why this backend cannot run ``case`` on ``device``, or None if it can."""
+    def unusable_on(self, device: torch.device) -> str | None:
+        """Why this backend can run no case on ``device`` (a device type), or None if some case may run."""
         n = self.name
-        if case.op not in self.ops:
-            return f"{n}: no {case.op} op (serves {', '.join(sorted(self.ops))})"
         if device.type not in self.devices:
             return f"{n}: runs on {', '.join(sorted(self.devices))}, not {device.type}"
         if self.triton and device.type == "cpu" and not triton_interpreter_on():
             # Triton picks the interpreter when it is imported: the variable must be set before that
             return f"{n} on cpu needs TRITON_INTERPRET=1 (set before triton is imported)"
+        return None
+
+    def unsupported(self, case: Case, device: torch.device) -> str | None:
+        """Why this backend cannot run ``case`` on ``device``, or None if it can."""
+        n = self.name
+        if case.op not in self.ops:
+            return f"{n}: no {case.op} op (serves {', '.join(sorted(self.ops))})"
+        reason = self.unusable_on(device)
+        if reason:
+            return reason
         if case.dtype not in self.dtypes:
             return f"{n}: dtype {case.dtype} not supported ({', '.join(sorted(self.dtypes))})"
         if case.op == "decode" and case.state_dtype not in self.state_dtypes:

@@ -19,9 +19,10 @@ err_console = Console(stderr=True)
 
 
 def die(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    """Print an error (no markup interpretation: messages quote user input) and exit."""
+    """Print an error and exit. No markup (messages quote user input) and no hard wrap: a message holds
+    paths of any length, and the terminal wraps it, so it reads (and greps) the same at any width."""
     err_console.print("[bold red]error:[/bold red] ", end="")
-    err_console.print(message, markup=False, highlight=False)
+    err_console.print(message, markup=False, highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -45,7 +46,7 @@ def select(suite_spec: str, backends: str | None, filter_: str | None) -> Select
     try:
         chosen = [get_backend(n) for n in names]
     except UnknownBackend as e:
-        die(f"{suite.path}: backends: {e}")
+        die(f"--backends: {e}" if backends else f"{suite.path}: backends: {e}")
     cases = select_cases(suite, filter_)
     if not cases:
         die(f"--filter {filter_!r} matches none of the {len(suite.cases)} cases of {suite.path}")
