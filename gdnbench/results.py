@@ -8,11 +8,15 @@ to go on (``RunDir.resume``).
 from __future__ import annotations
 
 import csv
+import datetime as dt
+import fcntl
 import json
 import os
+import socket
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 
@@ -42,15 +46,55 @@ STATUSES = ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")
 NOT_RUN = "not run: "  # how the error of an ERROR row for a case that was never started begins
 
 
+RUN_FILES = ("results.csv", "samples.jsonl", "run.json")
+# what the other commands write beside a run (plot, report): stale once the run is replaced
+DERIVED_FILES = ("plot.png", "report.html")
+LOCK_FILE = ".gdnbench.lock"
+
+
+class RunDirError(Exception):
+    """A run directory that cannot be used: taken by another run, holding a run, or not creatable."""
+
+
 class RunDir:
-    """Writes one run's files into ``path`` as the run goes."""
+    """Writes one run's files into ``path`` as the run goes, holding the directory's lock meanwhile.
+
+    The lock (an advisory ``flock`` on ``.gdnbench.lock``, released when the run ends or its process dies)
+    keeps a second run from writing into the same directory: it raises RunDirError naming the holder.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self._lock = _lock(path)
+        except OSError as e:
+            raise RunDirError(f"{path}: cannot use it as a run directory ({e.strerror or e})") from None
         self.rows: list[dict[str, Any]] = []
         for name in ("results.csv", "samples.jsonl"):
             (path / name).unlink(missing_ok=True)
+
+    @classmethod
+    def create(cls, path: Path | None, default: Path, force: bool = False) -> RunDir:
+        """A new run in ``path``, or, without one, in ``default`` made unique (``-2``, ``-3``, ... when
+        another run took that name first). A ``path`` that holds a run raises RunDirError unless
+        ``force``, which deletes the run's files and every file derived from them."""
+        if path is None:
+            return cls(_unique_dir(default))
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"{path}: a file, not a directory")
+        held = [n for n in (*RUN_FILES, *DERIVED_FILES) if (path / n).exists()]
+        if held and not force:
+            raise RunDirError(f"{path} holds a run ({', '.join(held)}): --resume to go on with it, "
+                              f"--force to replace it, or another --out")
+        run = cls(path)  # takes the lock before anything is deleted
+        for name in held:
+            (path / name).unlink(missing_ok=True)
+        return run
+
+    def close(self) -> None:
+        """Release the directory's lock (also released when the process ends)."""
+        self._lock.close()
 
     @classmethod
     def resume(cls, path: Path, backends: list[str]) -> tuple[RunDir, set[str]]:
@@ -126,6 +170,49 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
 
 
 def load_samples(path: str | Path) -> list[dict[str, Any]]:
+    """The raw samples of a run. A cut last line (a run killed while appending) is dropped with a warning;
+    a bad line elsewhere raises RunFilesError."""
     p = Path(path)
     f = (p if p.is_dir() else p.parent) / "samples.jsonl"
-    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+    if not f.exists():
+        return []
+    lines = [line for line in f.read_text().splitlines() if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i < len(lines) - 1:
+                raise RunFilesError(f"{f}: line {i + 1} is not JSON ({e})") from None
+            warnings.warn(f"{f}: its last line is cut (the run was killed while writing it); dropped",
+                          stacklevel=2)
+    return out
+
+
+def _lock(path: Path) -> IO[str]:
+    handle = open(path / LOCK_FILE, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunDirError(f"{path}: another gdnbench run is writing there ({holder})") from None
+    handle.seek(0)
+    handle.truncate()
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n")
+    handle.flush()
+    return handle
+
+
+def _unique_dir(default: Path) -> Path:
+    default.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = default if n == 1 else default.with_name(f"{default.name}-{n}")
+        try:
+            candidate.mkdir()  # atomic: of two runs started in the same second, one gets each name
+            return candidate
+        except FileExistsError:
+            continue
+    raise RunDirError(f"{default}: 999 runs of that name already; give --out")

@@ -16,7 +16,7 @@ from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
-from gdnbench.results import RunDir, RunFilesError, load_run
+from gdnbench.results import RunDir, RunDirError, RunFilesError, load_run
 from gdnbench.runner import RunOptions, run_case
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
 
@@ -69,12 +69,17 @@ def run(
         False, help="Go on with the unfinished run in --out: the same command again runs only the cases "
                     "it has no complete set of rows for (a case is never split between sessions); "
                     "run.json lists the earlier sessions."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot "
+                               "and report made from them. Without it, an --out that holds a run exits 2."),
 ) -> None:
     """Run SUITE: every case on every backend, checked against the reference, then timed.
 
     Exit code: 0 all checked rows pass, 1 a row FAILs (or with --strict errors), 2 bad input,
     130 interrupted by Ctrl-C or SIGTERM (rows measured so far are saved; --resume goes on from them).
     """
+    if resume and force:
+        die("--resume goes on with the run in --out, --force replaces it: give one of them")
     sel = select(suite_spec, backends, filter_)
     suite, names, chosen, cases = sel.suite, sel.names, sel.backends, sel.cases
     if baseline is not None and baseline not in names:
@@ -105,10 +110,13 @@ def run(
                                  "interleave": interleave}) if resume else None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     done: set[str] = set()
-    if earlier is None:
-        run_dir = RunDir(out or Path("results") / f"{suite.name}-{stamp}")
-    else:
-        run_dir, done = RunDir.resume(out, [b.name for b in chosen])
+    try:
+        if earlier is None:
+            run_dir = RunDir.create(out, Path("results") / f"{suite.name}-{stamp}", force=force)
+        else:
+            run_dir, done = RunDir.resume(out, [b.name for b in chosen])
+    except (RunDirError, RunFilesError) as e:
+        die(f"--out: {e}")
     ceilings = measure_ceilings(dev)
     meta = provenance.collect(
         dev, argv=["gdnbench", *sys.argv[1:]],
@@ -158,6 +166,7 @@ def run(
     finally:
         meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         run_dir.write_meta(meta)
+        run_dir.close()
 
     if not run_dir.rows:
         err_console.print("interrupted before any case finished; nothing measured")
