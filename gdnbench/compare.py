@@ -1,6 +1,6 @@
 """Compare two saved runs row by row: a verdict per (suite, case, backend, timer, L2), for CI gates.
 
-Verdicts (DESIGN.md section 4: a slowdown needs a statistical and a practical gate):
+Verdicts (docs/design.md, "Measurement": a slowdown needs a statistical and a practical gate):
 
 - MISSING / NEW: the row is only in BASE / only in NEW.
 - BROKEN: PASS in BASE, FAIL / NAN / ERROR / OOM / TIMEOUT in NEW (a correctness or robustness regression).

@@ -79,7 +79,7 @@ def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
 
 
 def markdown_table(df: pd.DataFrame, meta: dict[str, Any]) -> str:
-    """The same table as markdown, for BENCHMARKS.md or a pull-request comment."""
+    """The same table as markdown, for a decision record or a pull-request comment."""
     title, caption, headers, rows = _grid(df, meta)
     lines = [f"**{title}**: {caption}", "", "| case | " + " | ".join(headers) + " |",
              "|---|" + "---:|" * len(headers)]

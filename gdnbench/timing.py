@@ -1,6 +1,6 @@
 """Timers: CUDA-graph replay, CUDA events and wall clock, with L2 flush and adaptive sampling.
 
-See DESIGN.md section 4. Every sample is one call of the timed function, in microseconds.
+docs/design.md ("Measurement") states the rules. Every sample is one call of the timed function, in microseconds.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
 
     An elementwise kernel on the SMs (int32 bitwise NOT: one 4-byte read and write per element), not
     ``copy_``: CUDA graphs run a captured device-to-device memcpy on the copy engines, which on an H100
-    moved 2.4 TB/s where SM kernels (and an eager memcpy) moved 3.0 (BENCHMARKS.md, twelfth session).
+    moved 2.4 TB/s where SM kernels (and an eager memcpy) moved 3.0 (docs/decisions/0002-copy-reference-kernel.md).
     """
     src = torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device=device)
     dst = torch.empty_like(src)
@@ -317,7 +317,7 @@ def copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
 
 
 def measure_ceilings(device: torch.device) -> dict[str, float]:
-    """Roofline ceilings measured on ``device`` (DESIGN.md section 6); {} on CPU.
+    """Roofline ceilings measured on ``device`` (docs/design.md, "Roofline"); {} on CPU.
 
     ``copy_gbps``: a 1 GiB device-to-device copy (``copy_moving``), bytes read + written over the median
     time.
