@@ -24,14 +24,13 @@ from rich.table import Table
 from rich.text import Text
 
 from gdnbench.report import STATUS_STYLE, _num, fmt_us
-from gdnbench.results import SCHEMA_VERSION, RunFilesError, load_run, load_samples
+from gdnbench.results import FAILED, SCHEMA_VERSION, RunFilesError, Status, load_run, load_samples
 from gdnbench.stats import mann_whitney_u, median_ratio_ci
 
 KEY = ["suite", "case_id", "backend", "timer", "l2"]
 VERDICTS = ("BROKEN", "SLOWER", "AMBIGUOUS", "MISSING", "CHANGED", "NEW", "FIXED", "FASTER", "SAME")
 VERDICT_STYLE = {"BROKEN": "bold red", "SLOWER": "bold red", "AMBIGUOUS": "yellow", "MISSING": "yellow",
                  "CHANGED": "yellow", "NEW": "cyan", "FIXED": "green", "FASTER": "bold green", "SAME": "dim"}
-FAILURES = {"FAIL", "NAN", "ERROR", "OOM", "TIMEOUT"}
 DEFAULT_FAIL_ON = ("SLOWER", "BROKEN")
 HEADERS = ["case", "backend", "base (us)", "new (us)", "ratio new/base [95% CI]", "p", "verdict"]
 NUMERIC = range(2, 6)  # right-aligned columns
@@ -139,10 +138,10 @@ def compare_runs(base: Run, new: Run, alpha: float = 0.01, threshold: float = 0.
             row["verdict"] = "MISSING"
         elif r["_merge"] == "right_only":
             row["verdict"] = "NEW"
-        elif bs == "PASS" and ns in FAILURES:
+        elif bs == Status.PASS and ns in FAILED:
             row["verdict"] = "BROKEN"
         elif bs != ns:
-            row["verdict"] = "FIXED" if ns == "PASS" else "CHANGED"
+            row["verdict"] = "FIXED" if ns == Status.PASS else "CHANGED"
         elif row["base_median_us"] is None or row["new_median_us"] is None:
             row["verdict"] = "SAME"  # untimed on a side: the unchanged status is all there is to compare
         else:
@@ -193,7 +192,7 @@ def _side(status: Any, median: Any) -> str:
     if not isinstance(status, str):
         return "-"
     med = _num(median)
-    if status == "PASS" and med is not None:
+    if status == Status.PASS and med is not None:
         return fmt_us(med)
     return status if med is None else f"{status} {fmt_us(med)}"
 

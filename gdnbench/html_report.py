@@ -17,6 +17,7 @@ from rich.style import Style
 from rich.text import Text
 
 from gdnbench.report import _grid, problem_rows, status_line
+from gdnbench.results import Status
 
 # Rich styles used by gdnbench.report -> CSS classes below
 STYLE_CLASS = {"bold green": "good", "green": "good", "yellow": "warn", "bold red": "bad", "red": "bad",
@@ -91,7 +92,7 @@ def _wrap(inner: str, style: str | Style) -> str:
 
 def _problems_table(df: pd.DataFrame) -> str:
     """gdnbench.report.problem_rows as HTML, naming every skipped case."""
-    lines = [_problem_row(status, "dim" if status == "SKIP" else "bad", backend, cases, reason)
+    lines = [_problem_row(status, "dim" if status == Status.SKIP else "bad", backend, cases, reason)
              for status, backend, cases, reason in problem_rows(df)]
     if not lines:
         return ""

@@ -38,6 +38,7 @@ import torch
 from gdnbench.backends import Backend, Prepared, UnknownBackend, get_backend
 from gdnbench.check import Gate, reference_outputs
 from gdnbench.problem import Problem, make_problem
+from gdnbench.results import Status
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import measure_interleaved
@@ -142,7 +143,7 @@ def row(case_id: str, backend: str, t_old: float, t_new: float, checks: list, pa
 
     line = (f"{case_id}  {backend}  {t_old:.1f}  {t_new:.1f}  {t_old / t_new:.3f}  {err('rel_err_o')}"
             f"  {err('rel_err_state')}")
-    if not all(r.status == "PASS" for r in checks):
+    if not all(r.status == Status.PASS for r in checks):
         line += "  " + "/".join(r.status for r in checks) + f" ({'; '.join(r.message for r in checks if r.message)})"
     if paths[0] != paths[1]:  # the parts ("; "-separated) that differ, e.g. the configs
         parts = [p.split("; ") for p in paths]
