@@ -23,7 +23,7 @@ import pandas as pd
 from rich.table import Table
 from rich.text import Text
 
-from gdnbench.report import STATUS_STYLE, _num, fmt_us
+from gdnbench.report import STATUS_STYLE, cell_float, fmt_us
 from gdnbench.results import FAILED, SCHEMA_VERSION, RunFilesError, Status, load_run, load_samples
 from gdnbench.stats import mann_whitney_u, median_ratio_ci
 
@@ -130,8 +130,8 @@ def compare_runs(base: Run, new: Run, alpha: float = 0.01, threshold: float = 0.
     for r in merged.to_dict("records"):
         thr = (thresholds or {}).get(r["suite"], threshold)
         row = {**{k: r[k] for k in KEY}, "base_status": r["status_base"], "new_status": r["status_new"],
-               "base_n": None, "new_n": None, "base_median_us": _num(r["median_us_base"]),
-               "new_median_us": _num(r["median_us_new"]), "ratio": None, "ratio_lo": None, "ratio_hi": None,
+               "base_n": None, "new_n": None, "base_median_us": cell_float(r["median_us_base"]),
+               "new_median_us": cell_float(r["median_us_new"]), "ratio": None, "ratio_lo": None, "ratio_hi": None,
                "p_value": None, "threshold": thr}
         bs, ns = r["status_base"], r["status_new"]
         if r["_merge"] == "left_only":
@@ -191,7 +191,7 @@ def _side(status: Any, median: Any) -> str:
     """A side's cell: the median when it passed, else its status (and median, if it was timed)."""
     if not isinstance(status, str):
         return "-"
-    med = _num(median)
+    med = cell_float(median)
     if status == Status.PASS and med is not None:
         return fmt_us(med)
     return status if med is None else f"{status} {fmt_us(med)}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gdnbench.report import _grid
+from gdnbench.report import table_grid
 from gdnbench.results import Status
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def build_figure(df: pd.DataFrame, meta: dict[str, Any]) -> Figure:
     # wide enough that rotated labels do not collide; capped so a huge suite stays a sane PNG
     fig = Figure(figsize=(min(max(10.0, 0.45 * len(cases) + 5), 48), 10), layout="constrained")
     lat, spd = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
-    title = _grid(df, meta)[0]
+    title = table_grid(df, meta)[0]
     fig.suptitle(title + (f"\nevery case: {shared}" if shared else ""), fontsize=12)
 
     _latency_panel(lat, df, backends, styles, xpos)

@@ -16,7 +16,8 @@ STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.NAN: "bold
                 Status.OOM: "red", Status.TIMEOUT: "red", Status.SKIP: "dim"}
 
 
-def _num(v: Any) -> float | None:
+def cell_float(v: Any) -> float | None:
+    """A results.csv cell as a number; None when it is empty, NaN or not a number."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -34,10 +35,10 @@ def fmt_us(us: float | None) -> str:
 
 def _cell(r: pd.Series) -> Text:
     status = str(r["status"])
-    med, p95 = _num(r.get("median_us")), _num(r.get("p95_us"))
+    med, p95 = cell_float(r.get("median_us")), cell_float(r.get("p95_us"))
     if status == Status.PASS and med is not None:
         t = Text(f"{fmt_us(med)} / {fmt_us(p95)}")
-        sp = _num(r.get("speedup"))
+        sp = cell_float(r.get("speedup"))
         if sp is not None and r["backend"] != r.get("baseline"):
             t.append(f"  {sp:.2f}x", style="bold green" if sp >= 1 else "yellow")
         if str(r.get("converged")) == "False":
@@ -50,7 +51,7 @@ def _cell(r: pd.Series) -> Text:
     return Text(status if status != Status.SKIP else "skip", style=STATUS_STYLE.get(status, ""))
 
 
-def _grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], list[tuple[str, list[Text]]]]:
+def table_grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], list[tuple[str, list[Text]]]]:
     """(title, caption, column headers, rows of cells): one row per case, a column per backend."""
     backends = list(dict.fromkeys(df["backend"]))
     baselines = list(df["baseline"].dropna().unique()) if "baseline" in df else []
@@ -70,7 +71,7 @@ def _grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], 
 
 
 def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
-    title, caption, headers, rows = _grid(df, meta)
+    title, caption, headers, rows = table_grid(df, meta)
     table = Table(title=title, caption=caption, header_style="bold")
     table.add_column("case", overflow="fold")
     for h in headers:
@@ -82,7 +83,7 @@ def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
 
 def markdown_table(df: pd.DataFrame, meta: dict[str, Any]) -> str:
     """The same table as markdown, for a decision record or a pull-request comment."""
-    title, caption, headers, rows = _grid(df, meta)
+    title, caption, headers, rows = table_grid(df, meta)
     lines = [f"**{title}**: {caption}", "", "| case | " + " | ".join(headers) + " |",
              "|---|" + "---:|" * len(headers)]
     lines += ["| " + " | ".join([case_id, *(c.plain.replace("  ", " ") for c in cells)]) + " |"

@@ -113,7 +113,7 @@ def test_report_html_holds_tables_provenance_and_plot(run_dir, tmp_path):
         assert html.escape(case_id) in text
     assert DEVICE in text and "qwen3-next" in text
     assert "0123456789abcdef0123456789abcdef01234567" in text and "575.57.08" in text and "2987" in text
-    assert "0.09x" in text and "1.61x" in text and "FAIL 13.1ms" in text  # cells from report._grid
+    assert "0.09x" in text and "1.61x" in text and "FAIL 13.1ms" in text  # cells from report.table_grid
     assert html.escape(FAIL_REASON) in text and html.escape(SKIP_REASON) in text
     assert "<unsupported>" not in text  # escaped, not markup
     img = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
