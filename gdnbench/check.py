@@ -25,6 +25,7 @@ from gdnbench.backends.base import Outputs
 from gdnbench.backends.torch_common import layouts, solve
 from gdnbench.problem import DTYPES, Problem
 from gdnbench.reference import chunk_intermediates
+from gdnbench.results import Status
 from gdnbench.suite import ReferenceSettings, Tolerances
 
 PRECISIONS = {"fp32": torch.float32, "fp64": torch.float64}
@@ -53,7 +54,7 @@ class Errors:
 
 @dataclass
 class CheckResult:
-    status: str  # PASS | FAIL | NAN
+    status: Status  # PASS, FAIL or NAN
     rel_err_o: float | None = None
     local_err_o: float | None = None
     peak_err_o: float | None = None
@@ -124,7 +125,7 @@ class Gate:
 
     def check(self, out: Outputs) -> CheckResult:
         """PASS, FAIL (with every reason) or NAN for one backend's outputs."""
-        res = CheckResult(status="PASS")
+        res = CheckResult(status=Status.PASS)
         problems: list[str] = []
         if self.p.case.op == "decode":
             problems += self._untouched_slots(out.state_pool)
@@ -139,7 +140,7 @@ class Gate:
                 problems.append(f"{label} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
                 continue
             if not torch.isfinite(got).all():
-                res.status = "NAN"
+                res.status = Status.NAN
                 problems.append(f"{label} holds NaN/Inf")
                 continue
             errors, floor, tol = self._errors(name, got), self.floor[name], self.tol[name]
@@ -151,8 +152,8 @@ class Gate:
                 setattr(res, f"{prefix}tol_{name}", tol[m])
                 if not errors.get(m) <= tol[m]:  # NaN compares False: never passes
                     problems.append(f"{name} {_describe(m, errors)} {errors.get(m):.2e} > tol {tol[m]:.1e}")
-        if problems and res.status == "PASS":
-            res.status = "FAIL"
+        if problems and res.status == Status.PASS:
+            res.status = Status.FAIL
         res.message = "; ".join(problems)
         return res
 

@@ -1,6 +1,6 @@
 """Compare two saved runs row by row: a verdict per (suite, case, backend, timer, L2), for CI gates.
 
-Verdicts (DESIGN.md section 4: a slowdown needs a statistical and a practical gate):
+Verdicts (docs/design.md, "Measurement": a slowdown needs a statistical and a practical gate):
 
 - MISSING / NEW: the row is only in BASE / only in NEW.
 - BROKEN: PASS in BASE, FAIL / NAN / ERROR / OOM / TIMEOUT in NEW (a correctness or robustness regression).
@@ -23,15 +23,14 @@ import pandas as pd
 from rich.table import Table
 from rich.text import Text
 
-from gdnbench.report import STATUS_STYLE, _num, fmt_us
-from gdnbench.results import SCHEMA_VERSION, RunFilesError, load_run, load_samples
+from gdnbench.report import STATUS_STYLE, cell_float, fmt_us
+from gdnbench.results import FAILED, SCHEMA_VERSION, RunFilesError, Status, load_run, load_samples
 from gdnbench.stats import mann_whitney_u, median_ratio_ci
 
 KEY = ["suite", "case_id", "backend", "timer", "l2"]
 VERDICTS = ("BROKEN", "SLOWER", "AMBIGUOUS", "MISSING", "CHANGED", "NEW", "FIXED", "FASTER", "SAME")
 VERDICT_STYLE = {"BROKEN": "bold red", "SLOWER": "bold red", "AMBIGUOUS": "yellow", "MISSING": "yellow",
                  "CHANGED": "yellow", "NEW": "cyan", "FIXED": "green", "FASTER": "bold green", "SAME": "dim"}
-FAILURES = {"FAIL", "NAN", "ERROR", "OOM", "TIMEOUT"}
 DEFAULT_FAIL_ON = ("SLOWER", "BROKEN")
 HEADERS = ["case", "backend", "base (us)", "new (us)", "ratio new/base [95% CI]", "p", "verdict"]
 NUMERIC = range(2, 6)  # right-aligned columns
@@ -131,18 +130,18 @@ def compare_runs(base: Run, new: Run, alpha: float = 0.01, threshold: float = 0.
     for r in merged.to_dict("records"):
         thr = (thresholds or {}).get(r["suite"], threshold)
         row = {**{k: r[k] for k in KEY}, "base_status": r["status_base"], "new_status": r["status_new"],
-               "base_n": None, "new_n": None, "base_median_us": _num(r["median_us_base"]),
-               "new_median_us": _num(r["median_us_new"]), "ratio": None, "ratio_lo": None, "ratio_hi": None,
+               "base_n": None, "new_n": None, "base_median_us": cell_float(r["median_us_base"]),
+               "new_median_us": cell_float(r["median_us_new"]), "ratio": None, "ratio_lo": None, "ratio_hi": None,
                "p_value": None, "threshold": thr}
         bs, ns = r["status_base"], r["status_new"]
         if r["_merge"] == "left_only":
             row["verdict"] = "MISSING"
         elif r["_merge"] == "right_only":
             row["verdict"] = "NEW"
-        elif bs == "PASS" and ns in FAILURES:
+        elif bs == Status.PASS and ns in FAILED:
             row["verdict"] = "BROKEN"
         elif bs != ns:
-            row["verdict"] = "FIXED" if ns == "PASS" else "CHANGED"
+            row["verdict"] = "FIXED" if ns == Status.PASS else "CHANGED"
         elif row["base_median_us"] is None or row["new_median_us"] is None:
             row["verdict"] = "SAME"  # untimed on a side: the unchanged status is all there is to compare
         else:
@@ -192,8 +191,8 @@ def _side(status: Any, median: Any) -> str:
     """A side's cell: the median when it passed, else its status (and median, if it was timed)."""
     if not isinstance(status, str):
         return "-"
-    med = _num(median)
-    if status == "PASS" and med is not None:
+    med = cell_float(median)
+    if status == Status.PASS and med is not None:
         return fmt_us(med)
     return status if med is None else f"{status} {fmt_us(med)}"
 

@@ -1,6 +1,6 @@
 """A saved run as one self-contained HTML file: results table, rows not passing, plot, provenance.
 
-The table cells come from gdnbench.report._grid, the same cells as the terminal and markdown tables;
+The table cells come from gdnbench.report.table_grid, the same cells as the terminal and markdown tables;
 their Rich styles become CSS classes. Everything quoted from the run is escaped; the plot is an inline
 PNG, and the CSS is inline, so the file can be mailed or attached to a CI job as it is.
 """
@@ -16,7 +16,8 @@ import pandas as pd
 from rich.style import Style
 from rich.text import Text
 
-from gdnbench.report import _grid, problem_rows, status_line
+from gdnbench.report import table_grid, problem_rows, status_line
+from gdnbench.results import Status
 
 # Rich styles used by gdnbench.report -> CSS classes below
 STYLE_CLASS = {"bold green": "good", "green": "good", "yellow": "warn", "bold red": "bad", "red": "bad",
@@ -44,7 +45,7 @@ img.plot { max-width: 100%; border: 1px solid #e4e4e4; }
 
 def build_html(df: pd.DataFrame, meta: dict[str, Any], png: bytes) -> str:
     """The whole report; ``png`` is the run's figure (gdnbench.plot.png_bytes)."""
-    title, caption, headers, rows = _grid(df, meta)
+    title, caption, headers, rows = table_grid(df, meta)
     state = meta.get("status")
     summary = status_line(df) + (f"   run {state}" if state and state != "complete" else "")
     parts = [
@@ -91,7 +92,7 @@ def _wrap(inner: str, style: str | Style) -> str:
 
 def _problems_table(df: pd.DataFrame) -> str:
     """gdnbench.report.problem_rows as HTML, naming every skipped case."""
-    lines = [_problem_row(status, "dim" if status == "SKIP" else "bad", backend, cases, reason)
+    lines = [_problem_row(status, "dim" if status == Status.SKIP else "bad", backend, cases, reason)
              for status, backend, cases, reason in problem_rows(df)]
     if not lines:
         return ""

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gdnbench.report import _grid
+from gdnbench.report import table_grid
+from gdnbench.results import Status
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -83,7 +84,7 @@ def build_figure(df: pd.DataFrame, meta: dict[str, Any]) -> Figure:
     # wide enough that rotated labels do not collide; capped so a huge suite stays a sane PNG
     fig = Figure(figsize=(min(max(10.0, 0.45 * len(cases) + 5), 48), 10), layout="constrained")
     lat, spd = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
-    title = _grid(df, meta)[0]
+    title = table_grid(df, meta)[0]
     fig.suptitle(title + (f"\nevery case: {shared}" if shared else ""), fontsize=12)
 
     _latency_panel(lat, df, backends, styles, xpos)
@@ -126,7 +127,7 @@ def _latency_panel(ax: Axes, df: pd.DataFrame, backends: list[str], styles: dict
     values: list[float] = []
     for b in backends:
         ys = [math.nan] * len(xpos)
-        for _, r in df[(df["backend"] == b) & (df["status"] == "PASS")].iterrows():
+        for _, r in df[(df["backend"] == b) & (df["status"] == Status.PASS)].iterrows():
             ys[xpos[r["case_id"]]] = _num(r.get("median_us"))
         finite = [(i, y) for i, y in enumerate(ys) if not math.isnan(y)]
         if not finite:
@@ -138,7 +139,7 @@ def _latency_panel(ax: Axes, df: pd.DataFrame, backends: list[str], styles: dict
         ends.append((finite[-1][1], b + (" (base)" if b in baselines else ""), color))
         values += [y for _, y in finite]
 
-    bad = df[~df["status"].isin(["PASS", "SKIP"])]
+    bad = df[~df["status"].isin([Status.PASS, Status.SKIP])]
     at_bottom = blended_transform_factory(ax.transData, ax.transAxes)
     untimed = False
     for _, r in bad.iterrows():
@@ -177,7 +178,7 @@ def _latency_panel(ax: Axes, df: pd.DataFrame, backends: list[str], styles: dict
 
 def _speedup_panel(ax: Axes, df: pd.DataFrame, backends: list[str], styles: dict[str, tuple[str, str]],
                    xpos: dict[str, int]) -> None:
-    has_sp = (df["status"] == "PASS") & df["speedup"].apply(lambda v: not math.isnan(_num(v)))
+    has_sp = (df["status"] == Status.PASS) & df["speedup"].apply(lambda v: not math.isnan(_num(v)))
     rows = df[has_sp & (df["backend"] != df["baseline"])]  # the baseline's own 1.0 says nothing
     baselines = sorted(set(df["baseline"].dropna()))
     ax.set_ylabel("speedup (log scale)")

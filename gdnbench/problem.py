@@ -1,4 +1,5 @@
-"""The canonical problem: deterministic inputs for one case, in the conventions of DESIGN.md section 2.
+"""The canonical problem: deterministic inputs for one case, in the conventions of docs/design.md
+("Conventions", "Inputs").
 
 Inputs are drawn on the CPU from a generator seeded by (suite seed, case id) and then moved to the
 device, so the same seed gives the same inputs on every device. Every backend adapter converts from
@@ -24,7 +25,7 @@ DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16,
 
 @dataclass
 class Problem:
-    """Canonical tensors of one case. Shapes as in DESIGN.md; varlen is B = 1 with cu_seqlens."""
+    """Canonical tensors of one case. Shapes as in docs/design.md, "Conventions"; varlen is B = 1 with cu_seqlens."""
 
     case: Case
     q: torch.Tensor  # [B, T, H, K]
@@ -53,7 +54,7 @@ class Problem:
         return self.case.qk_l2norm == "kernel"
 
     def tensors(self) -> dict[str, Any]:
-        """The canonical inputs by their DESIGN.md names (None where the case has none)."""
+        """The canonical inputs by their names in docs/design.md (None where the case has none)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "case"}
         out["qk_l2norm"] = self.case.qk_l2norm
         return out
@@ -141,7 +142,7 @@ def _mean_softplus_of_normal(shift: torch.Tensor) -> torch.Tensor:
 
 
 def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> Problem:
-    """Build the inputs of ``case`` following FLA's own test recipe (DESIGN.md section 2)."""
+    """Build the inputs of ``case`` following FLA's own test recipe (docs/design.md, "Inputs")."""
     gen = torch.Generator().manual_seed(case_seed(seed, case.id))
     dtype = DTYPES[case.dtype]
     H, HV, K, V = case.H, case.HV, case.K, case.V
@@ -203,7 +204,7 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
     return Problem(
         case=case,
         q=dev(q, dtype), k=dev(k, dtype), v=dev(v, dtype),
-        # raw gating derives beta in fp32 (DESIGN.md section 2); rounding it would move the reference
+        # raw gating derives beta in fp32 (docs/design.md, "Conventions"); rounding it would move the reference
         g=dev(g, torch.float32), beta=dev(beta, torch.float32 if case.gating == "raw" else dtype),
         scale=case.scale if case.scale is not None else K**-0.5,
         cu_seqlens=dev(cu), initial_state=dev(state),

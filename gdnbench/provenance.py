@@ -1,4 +1,4 @@
-"""Where and how a run was measured (DESIGN.md section 4): device, clocks, versions, git, command."""
+"""Where and how a run was measured (docs/design.md, "Measurement"): device, clocks, versions, git, command."""
 
 from __future__ import annotations
 

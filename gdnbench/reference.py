@@ -1,15 +1,15 @@
-"""Exact pure-PyTorch references for the gated delta rule (DESIGN.md sections 2 and 5).
+"""Exact pure-PyTorch references for the gated delta rule (docs/design.md, "Conventions").
 
 Two independent algorithms compute the same thing:
 
-* ``gdn_recurrent``: the per-token recurrence, literally as written in the design notes;
+* ``gdn_recurrent``: the per-token recurrence, literally as docs/design.md writes it;
 * ``gdn_chunk``: the chunked WY / UT-transform form that production kernels use.
 
 Both run on any device (CPU or CUDA), are vectorised over sequences and value heads, and loop in
 Python only over tokens (recurrent) or chunks (chunk). They are meant to be slow but trustworthy: every
 input is upcast to ``compute_dtype`` (fp32 or fp64) before any arithmetic.
 
-Conventions (canonical, see DESIGN.md section 2):
+Conventions (canonical, docs/design.md "Conventions"):
     q, k  [B, T, H, K]      v [B, T, HV, V]      g, beta [B, T, HV]
     initial_state / final_state [N, HV, K, V] (K-first), N = B or the number of varlen sequences.
     Value head h reads q/k head h // (HV // H) (GVA).
@@ -254,7 +254,7 @@ def gdn_recurrent(
     output_final_state: bool = True,
     compute_dtype: torch.dtype = torch.float32,
 ) -> tuple[Tensor, Tensor | None]:
-    """The gated delta rule, one token at a time, exactly as in DESIGN.md section 2.
+    """The gated delta rule, one token at a time, exactly as docs/design.md ("Conventions") writes it.
 
     Returns (o [B, T, HV, V], final_state [N, HV, K, V] or None), both in compute_dtype.
     """

@@ -10,11 +10,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-STATUS_STYLE = {"PASS": "green", "FAIL": "bold red", "NAN": "bold red", "ERROR": "red", "OOM": "red",
-                "TIMEOUT": "red", "SKIP": "dim"}
+from gdnbench.results import Status
+
+STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.NAN: "bold red", Status.ERROR: "red",
+                Status.OOM: "red", Status.TIMEOUT: "red", Status.SKIP: "dim"}
 
 
-def _num(v: Any) -> float | None:
+def cell_float(v: Any) -> float | None:
+    """A results.csv cell as a number; None when it is empty, NaN or not a number."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -32,10 +35,10 @@ def fmt_us(us: float | None) -> str:
 
 def _cell(r: pd.Series) -> Text:
     status = str(r["status"])
-    med, p95 = _num(r.get("median_us")), _num(r.get("p95_us"))
-    if status == "PASS" and med is not None:
+    med, p95 = cell_float(r.get("median_us")), cell_float(r.get("p95_us"))
+    if status == Status.PASS and med is not None:
         t = Text(f"{fmt_us(med)} / {fmt_us(p95)}")
-        sp = _num(r.get("speedup"))
+        sp = cell_float(r.get("speedup"))
         if sp is not None and r["backend"] != r.get("baseline"):
             t.append(f"  {sp:.2f}x", style="bold green" if sp >= 1 else "yellow")
         if str(r.get("converged")) == "False":
@@ -43,12 +46,12 @@ def _cell(r: pd.Series) -> Text:
         if str(r.get("interpreted")) == "True":
             t.append(" interp", style="dim")  # Triton interpreter on a CPU: the time means nothing
         return t
-    if status == "FAIL" and med is not None:
-        return Text(f"FAIL {fmt_us(med)}", style=STATUS_STYLE[status])
-    return Text(status if status != "SKIP" else "skip", style=STATUS_STYLE.get(status, ""))
+    if status == Status.FAIL and med is not None:
+        return Text(f"FAIL {fmt_us(med)}", style=STATUS_STYLE[Status.FAIL])
+    return Text(status if status != Status.SKIP else "skip", style=STATUS_STYLE.get(status, ""))
 
 
-def _grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], list[tuple[str, list[Text]]]]:
+def table_grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], list[tuple[str, list[Text]]]]:
     """(title, caption, column headers, rows of cells): one row per case, a column per backend."""
     backends = list(dict.fromkeys(df["backend"]))
     baselines = list(df["baseline"].dropna().unique()) if "baseline" in df else []
@@ -68,7 +71,7 @@ def _grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[str], 
 
 
 def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
-    title, caption, headers, rows = _grid(df, meta)
+    title, caption, headers, rows = table_grid(df, meta)
     table = Table(title=title, caption=caption, header_style="bold")
     table.add_column("case", overflow="fold")
     for h in headers:
@@ -79,8 +82,8 @@ def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
 
 
 def markdown_table(df: pd.DataFrame, meta: dict[str, Any]) -> str:
-    """The same table as markdown, for BENCHMARKS.md or a pull-request comment."""
-    title, caption, headers, rows = _grid(df, meta)
+    """The same table as markdown, for a decision record or a pull-request comment."""
+    title, caption, headers, rows = table_grid(df, meta)
     lines = [f"**{title}**: {caption}", "", "| case | " + " | ".join(headers) + " |",
              "|---|" + "---:|" * len(headers)]
     lines += ["| " + " | ".join([case_id, *(c.plain.replace("  ", " ") for c in cells)]) + " |"
@@ -90,12 +93,12 @@ def markdown_table(df: pd.DataFrame, meta: dict[str, Any]) -> str:
 
 def problem_rows(df: pd.DataFrame) -> list[tuple[str, str, list[str], str]]:
     """(status, backend, case ids, reason) for every non-PASS row: SKIPs once per (backend, reason)."""
-    bad = df[df["status"] != "PASS"]
+    bad = df[df["status"] != Status.PASS]
     out = []
-    skips = bad[bad["status"] == "SKIP"]
+    skips = bad[bad["status"] == Status.SKIP]
     for (backend, reason), group in skips.groupby(["backend", "error"], sort=False, dropna=False):
-        out.append(("SKIP", str(backend), [str(c) for c in group["case_id"]], "" if pd.isna(reason) else str(reason)))
-    for _, r in bad[bad["status"] != "SKIP"].iterrows():
+        out.append((Status.SKIP, str(backend), [str(c) for c in group["case_id"]], "" if pd.isna(reason) else str(reason)))
+    for _, r in bad[bad["status"] != Status.SKIP].iterrows():
         reason = "" if pd.isna(r.get("error")) else str(r.get("error"))
         if isinstance(r.get("note"), str) and r["note"].startswith("at "):
             reason += f" ({r['note']})"  # where an exception was raised
@@ -113,14 +116,13 @@ def problems_table(df: pd.DataFrame) -> Table | None:
         table.add_column(col, overflow="fold")
     for status, backend, cases, reason in rows:
         table.add_row(Text(status, style=STATUS_STYLE.get(status, "")), backend,
-                      f"{len(cases)} case(s)" if status == "SKIP" else cases[0], reason)
+                      f"{len(cases)} case(s)" if status == Status.SKIP else cases[0], reason)
     return table
 
 
 def status_line(df: pd.DataFrame) -> str:
     counts = df["status"].value_counts()
-    return "  ".join(f"{s}: {counts[s]}" for s in ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")
-                     if s in counts)
+    return "  ".join(f"{s}: {counts[s]}" for s in Status if s in counts)
 
 
 def render(df: pd.DataFrame, meta: dict[str, Any], console: Console) -> None:

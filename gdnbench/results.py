@@ -15,34 +15,120 @@ import os
 import socket
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
 
+from gdnbench.suite import Case
+
 SCHEMA_VERSION = 1
 
-# Column order of results.csv; case fields follow these.
-ROW_COLUMNS = [
-    "suite", "case_id", "backend", "status", "error", "path", "version", "device",
-    "timer", "l2", "n", "median_us", "p95_us", "min_us", "max_us", "mean_us", "stdev_us", "iqr_us",
-    "ci_lo_us", "ci_hi_us", "converged", "baseline", "speedup", "speedup_lo", "speedup_hi",
+class Status(str, Enum):
+    """What became of one (case, backend): the row's ``status``. A str, so CSV cells and comparisons with
+    the column's text are the plain names."""
+
+    PASS = "PASS"  # within every tolerance, on the first call and on the timed call
+    FAIL = "FAIL"  # outside a tolerance, or it wrote into inputs it does not own
+    NAN = "NAN"  # NaN or Inf in an output
+    ERROR = "ERROR"  # an exception; or never run, after the GPU context was lost (error starts with NOT_RUN)
+    OOM = "OOM"  # out of GPU memory
+    TIMEOUT = "TIMEOUT"  # past the suite's timeout_s
+    SKIP = "SKIP"  # unavailable here, or the case is outside its envelope
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# the statuses of a backend that ran and went wrong (neither PASS nor SKIP)
+FAILED = frozenset({Status.FAIL, Status.NAN, Status.ERROR, Status.OOM, Status.TIMEOUT})
+
+
+@dataclass
+class Row:
+    """One row of results.csv: a (case, backend) and everything measured about it. Its fields, in order, are
+    the file's first columns (``ROW_COLUMNS``); the case's fields (``CASE_COLUMNS``) follow them."""
+
+    suite: str
+    case_id: str
+    backend: str
+    status: Status | None = None
+    error: str | None = None
+    path: str | None = None  # the code path that ran (``Prepared.path``)
+    version: str | None = None  # the backend's package version
+    device: str | None = None
+    timer: str | None = None  # the timer used (graph, events, wall)
+    l2: str | None = None  # cold or warm
+    # timing: docs/design.md, "Measurement"
+    n: int | None = None
+    median_us: float | None = None
+    p95_us: float | None = None
+    min_us: float | None = None
+    max_us: float | None = None
+    mean_us: float | None = None
+    stdev_us: float | None = None
+    iqr_us: float | None = None
+    ci_lo_us: float | None = None
+    ci_hi_us: float | None = None
+    converged: bool | None = None
+    baseline: str | None = None
+    speedup: float | None = None
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
     # the correctness gate (gdnbench.check): each measure, its floor and its tolerance, for o and the state
-    "rel_err_o", "floor_o", "tol_o", "local_err_o", "local_floor_o", "local_tol_o",
-    "peak_err_o", "peak_floor_o", "peak_tol_o", "max_err_o",
-    "rel_err_state", "floor_state", "tol_state", "local_err_state", "local_floor_state", "local_tol_state",
-    "peak_err_state", "peak_floor_state", "peak_tol_state", "max_err_state",
-    "gbytes", "gflop", "gbps", "tflops", "pct_bw", "pct_flops", "copy_us", "pct_copy", "warmup_s", "case_s",
-    "interpreted",
-    "note",
-]
-CASE_COLUMNS = [
-    "op", "mode", "B", "T", "seq_lens", "num_seqs", "total_tokens", "H", "HV", "K", "V", "dtype",
-    "state_dtype", "gate_norm", "mask_p", "half_life", "scale", "qk_l2norm", "gating", "initial_state",
-    "output_final_state", "pool_size", "slots", "per_token_slots",
-]
+    rel_err_o: float | None = None
+    floor_o: float | None = None
+    tol_o: float | None = None
+    local_err_o: float | None = None
+    local_floor_o: float | None = None
+    local_tol_o: float | None = None
+    peak_err_o: float | None = None
+    peak_floor_o: float | None = None
+    peak_tol_o: float | None = None
+    max_err_o: float | None = None
+    rel_err_state: float | None = None
+    floor_state: float | None = None
+    tol_state: float | None = None
+    local_err_state: float | None = None
+    local_floor_state: float | None = None
+    local_tol_state: float | None = None
+    peak_err_state: float | None = None
+    peak_floor_state: float | None = None
+    peak_tol_state: float | None = None
+    max_err_state: float | None = None
+    # roofline (docs/design.md, "Roofline") and the measured ceilings
+    gbytes: float | None = None
+    gflop: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    pct_bw: float | None = None
+    pct_flops: float | None = None
+    copy_us: float | None = None
+    pct_copy: float | None = None
+    warmup_s: float | None = None  # the first call's wall time (compilation, autotuning)
+    case_s: float | None = None  # the whole case's wall time
+    interpreted: bool | None = None  # ran in Triton's interpreter: correctness only
+    note: str | None = None
+    case: dict[str, Any] = field(default_factory=dict, repr=False)  # Case.fields(): CASE_COLUMNS
+
+    def update(self, **cols: Any) -> None:
+        """Set columns by name; a name that is not a column raises."""
+        for name, value in cols.items():
+            if name not in _ROW_FIELDS:
+                raise KeyError(f"results.csv has no column {name!r}")
+            setattr(self, name, value)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as results.csv has it: ``ROW_COLUMNS`` then the case's fields."""
+        return {**{name: getattr(self, name) for name in ROW_COLUMNS}, **self.case}
+
+
+ROW_COLUMNS = [f.name for f in fields(Row) if f.name != "case"]
+_ROW_FIELDS = frozenset(ROW_COLUMNS)
+CASE_COLUMNS = [name for name in Case.model_fields if name != "D"]  # D is stored as K and V
 COLUMNS = ROW_COLUMNS + CASE_COLUMNS
-STATUSES = ("PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "SKIP")
 NOT_RUN = "not run: "  # how the error of an ERROR row for a case that was never started begins
 
 
@@ -70,7 +156,7 @@ class RunDir:
             self._lock = _lock(path)
         except OSError as e:
             raise RunDirError(f"{path}: cannot use it as a run directory ({e.strerror or e})") from None
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[dict[str, Any]] = []  # as written: Row.as_dict(), or read back by resume
         for name in ("results.csv", "samples.jsonl"):
             (path / name).unlink(missing_ok=True)
 
@@ -111,15 +197,18 @@ class RunDir:
         done = {case for case, names in have.items() if names >= set(backends)}
         samples = [s for s in load_samples(path) if s["case_id"] in done]
         run = cls(path)
-        run.add_case([r for r in rows if r["case_id"] in done], samples)
+        run._append([r for r in rows if r["case_id"] in done], samples)
         return run, done
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         _atomic_write(self.path / "run.json", json.dumps({"schema": SCHEMA_VERSION, **meta}, indent=2,
                                                            default=str))
 
-    def add_case(self, rows: Iterable[dict[str, Any]], samples: Iterable[dict[str, Any]]) -> None:
-        """Append one finished case: its rows (rewritten atomically) and its raw samples."""
+    def add_case(self, rows: Iterable[Row], samples: Iterable[dict[str, Any]]) -> None:
+        """Append one finished case: its rows (results.csv rewritten atomically) and its raw samples."""
+        self._append([r.as_dict() for r in rows], samples)
+
+    def _append(self, rows: list[dict[str, Any]], samples: Iterable[dict[str, Any]]) -> None:
         self.rows.extend(rows)
         with open(self.path / "samples.jsonl", "a") as f:
             for s in samples:

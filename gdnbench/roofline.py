@@ -1,4 +1,4 @@
-"""Roofline models (DESIGN.md section 6): bytes moved and FLOPs per case, for GB/s and TFLOP/s columns."""
+"""Roofline models (docs/design.md, "Roofline"): bytes moved and FLOPs per case, for GB/s and TFLOP/s columns."""
 
 from __future__ import annotations
 

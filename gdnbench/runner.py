@@ -26,7 +26,7 @@ from gdnbench.backends import Backend, Prepared
 from gdnbench.check import Gate, reference_outputs
 from gdnbench.interrupts import reraise_interrupt
 from gdnbench.problem import Problem, make_problem
-from gdnbench.results import NOT_RUN
+from gdnbench.results import NOT_RUN, Row, Status
 from gdnbench.suite import Case, Suite
 from gdnbench.timing import Measurement, TimingConfig, copy_moving, measure_interleaved
 
@@ -74,53 +74,52 @@ def select_cases(suite: Suite, pattern: str | None) -> list[Case]:
 
 
 def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
-             on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[dict], list[dict]]:
+             on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[Row], list[dict]]:
     """Rows and raw samples for one case, one row per backend; each row's ``case_s`` is the case's wall time
     (inputs, reference, error floor, every backend's calls, checks and timing)."""
     start = time.perf_counter()
     rows, samples = _run_case(case, backends, suite, opts, on_step)
     for row in rows:
-        row["case_s"] = round(time.perf_counter() - start, 3)
+        row.case_s = round(time.perf_counter() - start, 3)
     return rows, samples
 
 
 def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
-              on_step: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
-    base = _row_base(case, suite, opts.device)
-    rows: list[dict] = []
+              on_step: Callable[[str], None]) -> tuple[list[Row], list[dict]]:
+    rows: list[Row] = []
     samples: list[dict] = []
     try:
         problem = make_problem(case, opts.seed, opts.device)
         gate = Gate(problem, reference_outputs(problem, suite.reference), suite.tolerances)
     except Exception as e:  # e.g. OOM building a huge case: every backend row says so
         reraise_interrupt(e)
-        status = "OOM" if isinstance(e, torch.OutOfMemoryError) else "ERROR"
+        status = Status.OOM if isinstance(e, torch.OutOfMemoryError) else Status.ERROR
         msg = f"building inputs/reference failed: {type(e).__name__}: {e}"
         _free(opts.device)
-        return [{**base, "backend": b.name, "status": status, "error": msg} for b in backends], []
+        return [_row(case, suite, opts.device, b.name, status=status, error=msg) for b in backends], []
 
     dumped: dict[str, dict[str, torch.Tensor | None]] = {}
     waiting: list[Checked] = []  # to be timed together (interleaved)
     for b in backends:
         on_step(f"{b.name}  {case.id}")
-        row = {**base, "backend": b.name, "version": b.version()}
+        row = _row(case, suite, opts.device, b.name, version=b.version())
         if b.triton and opts.device.type == "cpu":
             # Triton on a CPU runs in its interpreter: the check means something, the time does not
             row.update(interpreted=True, note="Triton interpreter: correctness only, no speedup")
         rows.append(row)
         reason = b.unavailable() or b.unsupported(case, opts.device)
         if reason:
-            row.update(status="SKIP", error=reason)
+            row.update(status=Status.SKIP, error=reason)
             continue
         with _errors_become_rows([row], opts.device, free=not opts.interleave):
             with time_limit(suite.timing.timeout_s):
                 own = problem.copy()  # what the backend writes stays its own
                 prepared = b.prepare(own)
                 item = Checked(row, prepared, own)
-                row.update(_first_call_and_check(prepared, gate, opts.device))
+                row.update(**_first_call_and_check(prepared, gate, opts.device))
                 if opts.dump_dir is not None:
                     dumped[b.name] = _dumpable(prepared.outputs(), problem)
-                if row["status"] == "NAN":  # nothing worth timing
+                if row.status == Status.NAN:  # nothing worth timing
                     _inputs_intact(item, gate)
                 elif opts.interleave:
                     waiting.append(item)
@@ -141,31 +140,31 @@ def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOp
 class Checked:
     """A backend's row, its prepared call and the copy of the problem it was given."""
 
-    row: dict
+    row: Row
     prepared: Prepared
     problem: Problem
 
 
 @contextlib.contextmanager
-def _errors_become_rows(rows: list[dict], device: torch.device, free: bool) -> Iterator[None]:
+def _errors_become_rows(rows: list[Row], device: torch.device, free: bool) -> Iterator[None]:
     """A timeout, OOM or exception marks ``rows`` (not the run) as failed; the run goes on."""
     try:
         yield
     except BackendTimeout as e:
-        _mark(rows, status="TIMEOUT", error=str(e))
+        _mark(rows, status=Status.TIMEOUT, error=str(e))
     except torch.OutOfMemoryError as e:
-        _mark(rows, status="OOM", error=_first_line(e))
+        _mark(rows, status=Status.OOM, error=_first_line(e))
     except Exception as e:
         reraise_interrupt(e)
-        _mark(rows, status="ERROR", error=f"{type(e).__name__}: {_first_line(e)}", note=_where(e))
+        _mark(rows, status=Status.ERROR, error=f"{type(e).__name__}: {_first_line(e)}", note=_where(e))
     finally:
         if free:
             _free(device)
 
 
-def _mark(rows: list[dict], **cols: Any) -> None:
+def _mark(rows: list[Row], **cols: Any) -> None:
     for r in rows:
-        r.update(cols)
+        r.update(**cols)
 
 
 def _first_call_and_check(prepared: Prepared, gate: Gate, device: torch.device) -> dict[str, Any]:
@@ -196,8 +195,8 @@ def _recheck_timed_call(item: Checked, replay: Callable[[], object], gate: Gate,
     replay()
     _sync(device)
     verdict = gate.check(item.prepared.outputs())
-    if verdict.status != "PASS":
-        item.row.update(status="FAIL", error="the timed call, run again on poisoned outputs: " + verdict.message)
+    if verdict.status != Status.PASS:
+        item.row.update(status=Status.FAIL, error="the timed call, run again on poisoned outputs: " + verdict.message)
 
 
 def _inputs_intact(item: Checked, gate: Gate) -> None:
@@ -205,7 +204,7 @@ def _inputs_intact(item: Checked, gate: Gate) -> None:
     changed = gate.p.changed_inputs(item.problem)
     if changed:
         why = "wrote into inputs it does not own: " + ", ".join(changed)
-        item.row.update(status="FAIL", error="; ".join(filter(None, [why, item.row.get("error")])))
+        item.row.update(status=Status.FAIL, error="; ".join(filter(None, [why, item.row.error])))
 
 
 def _time(items: list[Checked], case: Case, opts: RunOptions, samples: list[dict], gate: Gate) -> None:
@@ -227,12 +226,12 @@ def _time(items: list[Checked], case: Case, opts: RunOptions, samples: list[dict
     copy = measurements[len(items)] if len(measurements) > len(items) else None
     for item, m in zip(items, measurements):
         row = item.row
-        row.update(_timing_columns(m, case, opts, copy))
+        row.update(**_timing_columns(m, case, opts, copy))
         if notes:
-            row["note"] = "; ".join(filter(None, [row.get("note"), *notes]))
-        samples.append({"case_id": case.id, "backend": row["backend"], "timer": m.timer, "l2": m.l2,
+            row.note = "; ".join(filter(None, [row.note, *notes]))
+        samples.append({"case_id": case.id, "backend": row.backend, "timer": m.timer, "l2": m.l2,
                         "samples_us": m.samples_us})
-        if row["status"] == "PASS":
+        if row.status == Status.PASS:
             _recheck_timed_call(item, m.replay, gate, opts.device)
         _inputs_intact(item, gate)
 
@@ -258,19 +257,19 @@ def _timing_columns(m: Measurement, case: Case, opts: RunOptions, copy: Measurem
     return cols
 
 
-def _add_speedups(rows: list[dict], baseline: str | None, samples: list[dict]) -> None:
+def _add_speedups(rows: list[Row], baseline: str | None, samples: list[dict]) -> None:
     """speedup = baseline median / backend median, with a 95% bootstrap CI from the raw samples,
     for timed PASS rows when the baseline passed."""
     if baseline is None:
         return
-    ref = next((r for r in rows if r["backend"] == baseline), None)
-    if ref is None or ref.get("status") != "PASS" or not ref.get("median_us") or ref.get("interpreted"):
+    ref = next((r for r in rows if r.backend == baseline), None)
+    if ref is None or ref.status != Status.PASS or not ref.median_us or ref.interpreted:
         return
     raw = {s["backend"]: s["samples_us"] for s in samples}
     for r in rows:
-        r["baseline"] = baseline
-        if r.get("status") == "PASS" and r.get("median_us") and not r.get("interpreted"):
-            r["speedup"], r["speedup_lo"], r["speedup_hi"] = stats.median_ratio_ci(raw[baseline], raw[r["backend"]])
+        r.baseline = baseline
+        if r.status == Status.PASS and r.median_us and not r.interpreted:
+            r.speedup, r.speedup_lo, r.speedup_hi = stats.median_ratio_ci(raw[baseline], raw[r.backend])
 
 
 def _dumpable(result: Any, p: Problem) -> dict[str, torch.Tensor | None]:
@@ -316,14 +315,14 @@ def device_lost(device: torch.device) -> str | None:
 
 
 def not_run_rows(case: Case, backends: Sequence[Backend], suite: Suite, device: torch.device,
-                 reason: str) -> list[dict]:
+                 reason: str) -> list[Row]:
     """ERROR rows for a case that was never started."""
-    base = _row_base(case, suite, device)
-    return [{**base, "backend": b.name, "status": "ERROR", "error": NOT_RUN + reason} for b in backends]
+    return [_row(case, suite, device, b.name, status=Status.ERROR, error=NOT_RUN + reason) for b in backends]
 
 
-def _row_base(case: Case, suite: Suite, device: torch.device) -> dict[str, Any]:
-    return {"suite": suite.name, "case_id": case.id, "device": _device_name(device), **case.fields()}
+def _row(case: Case, suite: Suite, device: torch.device, backend: str, **cols: Any) -> Row:
+    return Row(suite=suite.name, case_id=case.id, backend=backend, device=_device_name(device),
+               case=case.fields(), **cols)
 
 
 def _device_name(device: torch.device) -> str:

@@ -1,4 +1,4 @@
-"""Summary statistics over raw timing samples (DESIGN.md section 4)."""
+"""Summary statistics over raw timing samples (docs/design.md, "Measurement")."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gdnbench.results import load_run
+from gdnbench.results import Status, load_run
 
 BUNDLED_PREFIX = "triton."  # the kernels under kernels/
 REFERENCE_PREFIX = "torch."  # the harness's own references: neither bundled nor a peer
@@ -69,7 +69,7 @@ def _section(name: str, run: Path) -> str:
 
 
 def _has_time(row: pd.Series) -> bool:
-    return row["status"] == "PASS" and pd.notna(row["median_us"])
+    return row["status"] == Status.PASS and pd.notna(row["median_us"])
 
 
 def _cell(row: pd.Series | None, median: float | None) -> str:

@@ -34,7 +34,7 @@ class _Strict(BaseModel):
 
 
 class Case(_Strict):
-    """One benchmark problem: shapes and settings, in the canonical conventions of DESIGN.md."""
+    """One benchmark problem: shapes and settings, in the canonical conventions of docs/design.md."""
 
     op: Op = "prefill"
     mode: Literal["padded", "varlen"] = "padded"
@@ -213,7 +213,7 @@ class Tolerances(_Strict):
 
 
 class TimingSettings(_Strict):
-    """How each (case, backend) is timed (DESIGN.md section 4). CLI flags override these."""
+    """How each (case, backend) is timed (docs/design.md, "Measurement"). CLI flags override these."""
 
     timer: Literal["auto", "graph", "events", "wall"] = "auto"
     l2: Literal["cold", "warm"] = "cold"

@@ -1,6 +1,8 @@
 """Timers: CUDA-graph replay, CUDA events and wall clock, with L2 flush and adaptive sampling.
 
-See DESIGN.md section 4. Every sample is one call of the timed function, in microseconds.
+docs/design.md ("Measurement") states the rules. Every sample is one call of the timed function, in microseconds.
+``l2_flush_buffer`` and ``event_rounds`` are the sampling core that the bundled kernels' tuner
+(``gdnbench_kernels.tuning``) shares.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ Timer = Literal["graph", "events", "wall"]
 
 # Samples recorded between two host synchronisations: enough to keep the GPU queue busy,
 # few enough that the stopping rule is checked often.
-_BATCH = 10
+ROUNDS_PER_SYNC = 10
 # A measurement stopped by max_time_s still gets this many samples (fewer only if
 # min_samples asks for fewer), so a very slow function yields a median and a spread.
 _MIN_SAMPLES_AT_TIME_CAP = 3
@@ -113,10 +115,10 @@ def _sample(run_round: Callable[[int], list[list[float]]], n_series: int,
         if elapsed > config.max_time_s and n >= min(config.min_samples, _MIN_SAMPLES_AT_TIME_CAP):
             return series, converged
         fits = int((config.max_time_s - elapsed) / per_round_s)
-        batch = max(1, min(_BATCH, config.max_samples - n, fits))
+        batch = max(1, min(ROUNDS_PER_SYNC, config.max_samples - n, fits))
 
 
-def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
     """A byte buffer twice the L2 size; zeroing it evicts the timed kernel's data from L2."""
     props = torch.cuda.get_device_properties(device)
     l2_bytes = getattr(props, "L2_cache_size", 0) or _FALLBACK_L2_BYTES
@@ -218,7 +220,7 @@ def measure_interleaved(fns: Sequence[Timed], *, device: torch.device, config: T
         raise ValueError(f"unsupported device type {device.type!r} (cpu or cuda)")
 
     with torch.cuda.device(device):
-        flush = _l2_flush_buffer(device) if config.l2 == "cold" else None
+        flush = l2_flush_buffer(device) if config.l2 == "cold" else None
         if config.timer == "wall":
             return _measure_wall(fns, config, cuda=True, flush=flush, l2=config.l2)
 
@@ -240,29 +242,38 @@ def measure_interleaved(fns: Sequence[Timed], *, device: torch.device, config: T
             for fn, reset in fns:
                 _warm_up(fn, reset, config.warmup)
 
-        # Events are reused across batches: each batch ends with a synchronize.
-        starts = [[torch.cuda.Event(enable_timing=True) for _ in range(_BATCH)] for _ in fns]
-        ends = [[torch.cuda.Event(enable_timing=True) for _ in range(_BATCH)] for _ in fns]
-
-        # No synchronize per sample: the host queues a batch ahead of the GPU. With the events
-        # timer, launch overhead then shows where the GPU waits on the host, as a caller sees it.
-        def run_round(k: int) -> list[list[float]]:
-            for i in range(k):
-                for j, ((_, reset), run) in enumerate(zip(fns, runs)):
-                    if reset is not None:
-                        reset()
-                    if flush is not None:
-                        flush.zero_()
-                    starts[j][i].record()
-                    run()
-                    ends[j][i].record()
-            ends[-1][k - 1].synchronize()
-            return [[starts[j][i].elapsed_time(ends[j][i]) * 1e3 for i in range(k)] for j in range(len(fns))]
-
+        run_rounds = event_rounds(runs, [reset for _, reset in fns], flush)
         torch.cuda.synchronize()
-        series, converged = _sample(run_round, len(fns), config)
+        series, converged = _sample(run_rounds, len(fns), config)
         return [Measurement(s, timer=timer, l2=config.l2, converged=c, note=note, replay=run)
                 for s, c, run in zip(series, converged, runs)]
+
+
+def event_rounds(runs: Sequence[Callable[[], object]], resets: Sequence[Callable[[], None] | None],
+                 flush: torch.Tensor | None) -> Callable[[int], list[list[float]]]:
+    """``run_rounds(k)``: k rounds (k <= ROUNDS_PER_SYNC) of one sample of each of ``runs`` in turn
+    (A B A B ...), returned per run in microseconds. Each sample is one call between two CUDA events on the
+    current stream; before it, outside the events, its ``resets`` entry (if any) runs and ``flush`` (if given)
+    is zeroed. No synchronisation per sample: the host queues the k rounds ahead of the GPU and waits once,
+    so with eager calls launch overhead shows where the GPU waits on the host, as a caller sees it."""
+    # events are reused across calls: each call ends with a synchronisation
+    starts = [[torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_SYNC)] for _ in runs]
+    ends = [[torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_SYNC)] for _ in runs]
+
+    def run_rounds(k: int) -> list[list[float]]:
+        for i in range(k):
+            for j, (run, reset) in enumerate(zip(runs, resets)):
+                if reset is not None:
+                    reset()
+                if flush is not None:
+                    flush.zero_()
+                starts[j][i].record()
+                run()
+                ends[j][i].record()
+        ends[-1][k - 1].synchronize()
+        return [[starts[j][i].elapsed_time(ends[j][i]) * 1e3 for i in range(k)] for j in range(len(runs))]
+
+    return run_rounds
 
 
 def _measure_wall(
@@ -309,7 +320,7 @@ def copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
 
     An elementwise kernel on the SMs (int32 bitwise NOT: one 4-byte read and write per element), not
     ``copy_``: CUDA graphs run a captured device-to-device memcpy on the copy engines, which on an H100
-    moved 2.4 TB/s where SM kernels (and an eager memcpy) moved 3.0 (BENCHMARKS.md, twelfth session).
+    moved 2.4 TB/s where SM kernels (and an eager memcpy) moved 3.0 (docs/decisions/0002-copy-reference-kernel.md).
     """
     src = torch.empty(max(nbytes // 8, 1), dtype=torch.int32, device=device)
     dst = torch.empty_like(src)
@@ -317,7 +328,7 @@ def copy_moving(nbytes: int, device: torch.device) -> Callable[[], object]:
 
 
 def measure_ceilings(device: torch.device) -> dict[str, float]:
-    """Roofline ceilings measured on ``device`` (DESIGN.md section 6); {} on CPU.
+    """Roofline ceilings measured on ``device`` (docs/design.md, "Roofline"); {} on CPU.
 
     ``copy_gbps``: a 1 GiB device-to-device copy (``copy_moving``), bytes read + written over the median
     time.

@@ -24,6 +24,8 @@ import torch
 import triton
 from triton.runtime import errors as _triton_errors
 
+from gdnbench.timing import event_rounds, l2_flush_buffer
+
 __all__ = ["TunedKernel", "fastest"]
 
 # A candidate that fails to build for this shape (too much shared memory or too many registers) drops
@@ -36,12 +38,6 @@ C = TypeVar("C")
 MIN_ROUNDS = 10
 MAX_ROUNDS = 200
 BUDGET_S = 0.3  # wall time for the rounds after MIN_ROUNDS (a 750 us launch x 22 candidates: ~17 rounds)
-
-
-def _flush_buffer(device: torch.device) -> torch.Tensor:
-    """Twice the device's L2, zeroed before every sample (allocated per tuning, not kept)."""
-    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 256 * 2**20
-    return torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
 
 
 def fastest(run: Callable[[C], object], candidates: Sequence[C], device: torch.device) -> C:
@@ -72,19 +68,13 @@ def fastest(run: Callable[[C], object], candidates: Sequence[C], device: torch.d
             with torch.cuda.graph(graph):
                 run(c)
             graphs.append(graph)
-        flush = _flush_buffer(device)
+        # the flush buffer is allocated per tuning, not kept
+        run_rounds = event_rounds([g.replay for g in graphs], [None] * len(graphs), l2_flush_buffer(device))
         samples: list[list[float]] = [[] for _ in candidates]
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in candidates]
         t0, rounds = time.perf_counter(), 0
         while rounds < MIN_ROUNDS or (rounds < MAX_ROUNDS and time.perf_counter() - t0 < BUDGET_S):
-            for graph, (start, end) in zip(graphs, events):
-                flush.zero_()
-                start.record()
-                graph.replay()
-                end.record()
-            events[-1][1].synchronize()
-            for times, (start, end) in zip(samples, events):
-                times.append(start.elapsed_time(end))
+            for times, new in zip(samples, run_rounds(1)):
+                times.extend(new)
             rounds += 1
     medians = [statistics.median(times) for times in samples]
     return candidates[medians.index(min(medians))]

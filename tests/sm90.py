@@ -50,7 +50,7 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
     options = {"num_warps": num_warps, "num_stages": num_stages, **({"maxnreg": maxnreg} if maxnreg else {})}
     # compiled afresh, so that ptxas runs and triton prints its log, read here: no kernel may have its wgmmas serialized
     # (C7512: too few registers to keep a wgmma's operands live while it runs), which nothing says at run time and
-    # which cost the warp-specialized kernel 2-14% (BENCHMARKS.md, thirty-sixth session)
+    # which cost the warp-specialized kernel 3-10% (docs/decisions/0004-gpu-tests-after-kernel-changes.md)
     with tempfile.TemporaryDirectory() as cache, contextlib.redirect_stdout(io.StringIO()) as log, \
             mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": cache, "TRITON_DUMP_PTXAS_LOG": "1"}):
         compiled = triton.compile(source(fn=fn, signature=signature, constexprs=constexprs, attrs=aligned),

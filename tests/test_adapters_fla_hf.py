@@ -26,6 +26,7 @@ from gdnbench.backends.torch_common import solve
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
 from gdnbench.reference import gate_from_raw, gdn_recurrent
+from gdnbench.results import Status
 from gdnbench.runner import RunOptions, run_case
 from gdnbench.suite import Case, parse_suite
 from gdnbench.timing import TimingConfig
@@ -195,7 +196,7 @@ def test_missing_library_is_a_skip_row_naming_the_module(name, module, monkeypat
         rows, _ = run_case(suite.cases[0], [registry()[name]], suite, opts)
     finally:
         base._import_error.cache_clear()
-    assert rows[0]["status"] == "SKIP" and f"cannot import {module}" in rows[0]["error"]
+    assert rows[0].status == Status.SKIP and f"cannot import {module}" in rows[0].error
 
 
 # ---- the timed call, against fakes of the libraries ---------------------------------------------------
@@ -286,11 +287,11 @@ def test_hf_and_skips_end_to_end_on_cpu(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     df = results(tmp_path / "out")
     hf = df[df.backend.str.startswith("hf.")].set_index(["backend", "case_id"])
-    ran = hf[hf.status != "SKIP"]
-    assert (ran.status == "PASS").all(), ran[["status", "error"]]
+    ran = hf[hf.status != Status.SKIP]
+    assert (ran.status == Status.PASS).all(), ran[["status", "error"]]
     assert len(ran) == 2 * 2 + 2 and (ran.rel_err_o < 5e-3).all() and (ran.rel_err_state < 1e-3).all()
     assert ran.path.str.contains("inspect.unwrap").all()
-    skips = hf[hf.status == "SKIP"].error
+    skips = hf[hf.status == Status.SKIP].error
     assert skips.str.contains("no varlen support").sum() == 2 and skips.str.contains("scale is fixed").sum() == 2
     assert skips.str.contains("no decode op").sum() == 2 and len(skips) == 6
     why = df[~df.backend.str.startswith("hf.")].groupby("backend").error.agg(set).to_dict()
@@ -304,7 +305,7 @@ def test_fla_recurrent_end_to_end_on_cpu_under_the_triton_interpreter(interprete
         pytest.skip("fla is not installed")
     df = results(interpreted)
     fla = df[df.backend == "fla.recurrent"]
-    assert len(fla) == 5 and (fla.status == "PASS").all(), fla[["case_id", "status", "error"]]
+    assert len(fla) == 5 and (fla.status == Status.PASS).all(), fla[["case_id", "status", "error"]]
     assert (fla.rel_err_state < 1e-3).all()
     assert fla.path.str.contains("gathered").sum() == 2 and fla.path.str.contains("use_gate_in_kernel").sum() == 2
     assert set(df[df.backend == "fla.chunk"].error) == {"fla.chunk: runs on cuda, not cpu",

@@ -29,6 +29,7 @@ from gdnbench.backends.flashinfer_prefill import flashinfer_prefill
 from gdnbench.check import Gate, reference_outputs
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
+from gdnbench.results import Status
 from gdnbench.suite import Case, ReferenceSettings, Tolerances
 
 CUDA = torch.device("cuda")
@@ -231,7 +232,7 @@ PREFILL = [
 @pytest.mark.parametrize("case", PREFILL, ids=lambda c: c.id)
 def test_flashinfer_prefill_matches_the_reference(fake_libs, case):
     p, prepared, out, verdict = run_adapter(flashinfer_prefill, case)
-    assert verdict.status == "PASS", verdict.message
+    assert verdict.status == Status.PASS, verdict.message
     assert (out.final_state is None) == (not case.output_final_state)
     (name, kw), = CALLS
     lens = (p.cu_seqlens.diff() if p.cu_seqlens is not None else torch.tensor([case.T]))
@@ -248,7 +249,7 @@ def test_pins_an_older_release_lacks_are_left_out_and_the_path_says_so(fake_libs
 
     monkeypatch.setattr(sys.modules["flashinfer.gdn_prefill"], "chunk_gated_delta_rule", older)
     _, prepared, _, verdict = run_adapter(flashinfer_prefill, PREFILL[0])
-    assert verdict.status == "PASS", verdict.message
+    assert verdict.status == Status.PASS, verdict.message
     assert "use_cp='auto'" in prepared.path and "backend" not in prepared.path and "max_seqlen" not in prepared.path
 
 
@@ -256,7 +257,7 @@ def test_flashinfer_prefill_gate_conversion_is_load_bearing(fake_libs, monkeypat
     """A wrong decay conversion (exp(g/2) for alpha) must fail the gate: the stand-in is not lenient."""
     monkeypatch.setattr(convert, "alpha", lambda g: g.float().exp().sqrt())
     *_, verdict = run_adapter(flashinfer_prefill, PREFILL[0])
-    assert verdict.status == "FAIL"
+    assert verdict.status == Status.FAIL
 
 
 CUDNN = [  # head dim 64: FROST's smallest, so both engines are reachable
@@ -271,7 +272,7 @@ CUDNN = [  # head dim 64: FROST's smallest, so both engines are reachable
 def test_cudnn_gdn_matches_the_reference_on_each_engine(fake_libs, monkeypatch, cc, engine, case):
     gpu(monkeypatch, cc)
     _, prepared, _, verdict = run_adapter(cudnn_backend, case)
-    assert verdict.status == "PASS", verdict.message
+    assert verdict.status == Status.PASS, verdict.message
     (_, kw), = CALLS
     assert kw["plan_name"] == engine and engine in prepared.path
     assert kw["safe_gate"] == (case.gating == "raw")
@@ -287,7 +288,7 @@ DECODE = [
 @pytest.mark.parametrize("case", DECODE, ids=lambda c: c.id)
 def test_flashinfer_decode_updates_its_slots_in_place_and_resets(fake_libs, case):
     p, prepared, out, verdict = run_adapter(flashinfer_decode, case)
-    assert verdict.status == "PASS", verdict.message  # includes: slots outside slot_idx untouched
+    assert verdict.status == Status.PASS, verdict.message  # includes: slots outside slot_idx untouched
     assert CALLS[0] == ("fi.pretranspose", {"backend": "flashinfer", "disable_state_update": False})
     first = out.o.clone()
     assert not torch.equal(out.state_pool, p.state_pool)
@@ -302,7 +303,7 @@ def test_flashinfer_mtp_writes_the_last_state_back_to_the_read_slot(fake_libs, s
     case = Case(op="decode", B=3, T=3, H=1, HV=2, D=8, gating="raw", pool_size=6, slots="scattered",
                 state_dtype=state_dtype)
     _, prepared, _, verdict = run_adapter(flashinfer_mtp, case)
-    assert verdict.status == "PASS", verdict.message
+    assert verdict.status == Status.PASS, verdict.message
     name, kw = CALLS[0]
     assert name == entry and kw["disable_state_update"] is False
     assert ("gated_delta_rule_mtp" in prepared.path) == (state_dtype == "fp32")
@@ -335,7 +336,7 @@ def test_absent_library_gives_a_skip_row_naming_the_module(libraries_absent, tmp
     res = CliRunner().invoke(app, ["run", str(suite), "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert res.exit_code == 0, res.output
     (row,) = pd.read_csv(tmp_path / "out" / "results.csv").to_dict("records")
-    assert row["backend"] == b.name and row["status"] == "SKIP"
+    assert row["backend"] == b.name and row["status"] == Status.SKIP
     assert f"cannot import {module}" in row["error"]
 
 

@@ -35,6 +35,7 @@ from gdnbench.check import Gate, reference_outputs
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
 from gdnbench.reference import gate_from_raw, gdn_recurrent
+from gdnbench.results import Status
 from gdnbench.suite import Case, ReferenceSettings, Tolerances
 
 CUDA = torch.device("cuda")  # unsupported() only compares the type when a backend names no archs
@@ -168,7 +169,7 @@ def test_absent_libraries_give_skip_rows_naming_the_module(tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     rows = df[df.backend.isin(names)]
-    assert len(rows) == 2 * len(names) and set(rows.status) == {"SKIP"}
+    assert len(rows) == 2 * len(names) and set(rows.status) == {Status.SKIP}
     expect = {"vllm.chunk": "cannot import vllm", "vllm.recurrent": "cannot import vllm",
               "sglang.chunk": "cannot import sglang.kernels.ops.attention.fla.chunk",
               "sglang.recurrent": "cannot import sglang.kernels.ops.attention.linear.fused_sigmoid_gating_recurrent",
@@ -410,7 +411,7 @@ def run_twice(name, p):
     for a, b in ((first.final_state, again.final_state), (first.state_pool, again.state_pool)):
         assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
     verdict = Gate(p, reference_outputs(p, ReferenceSettings()), Tolerances()).check(first)
-    assert verdict.status == "PASS", verdict.message
+    assert verdict.status == Status.PASS, verdict.message
     return prepared, first
 
 

@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gdnbench.cli import app
-from gdnbench.results import COLUMNS
+from gdnbench.results import COLUMNS, Status
 from tests.fake_backends import Interrupt
 
 runner = CliRunner()
@@ -40,7 +40,7 @@ def test_smoke_suite_runs_and_writes_everything(tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "results.csv")
     assert list(df.columns) == COLUMNS
-    assert (df["status"] == "PASS").all() and len(df) == 12
+    assert (df["status"] == Status.PASS).all() and len(df) == 12
     assert set(df["timer"]) == {"wall"} and set(df["l2"]) == {"warm"}
     assert (df["rel_err_o"] < 1e-5).all()
     # at least min_samples (5), or 3 when the 0.5 s cap cuts a slow case short on a busy CPU
@@ -66,8 +66,8 @@ def test_misbehaving_backends_become_rows_and_the_run_goes_on(tmp_path):
     assert res.exit_code == 1, res.output  # a FAIL row: CI can gate on correctness
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     status = df.groupby("backend")["status"].agg(set).to_dict()
-    assert status == {"fake.ok": {"PASS"}, "fake.raises": {"ERROR"}, "fake.nan": {"NAN"},
-                      "fake.wrong": {"FAIL"}, "fake.oom": {"OOM"}, "fake.missing": {"SKIP"}}
+    assert status == {"fake.ok": {Status.PASS}, "fake.raises": {Status.ERROR}, "fake.nan": {Status.NAN},
+                      "fake.wrong": {Status.FAIL}, "fake.oom": {Status.OOM}, "fake.missing": {Status.SKIP}}
     assert df[df.backend == "fake.raises"]["error"].str.contains("boom").all()
     assert df[df.backend == "fake.missing"]["error"].str.contains("no_such_module_for_gdnbench").all()
     wrong = df[df.backend == "fake.wrong"]
@@ -96,9 +96,9 @@ def test_a_lost_gpu_context_stops_the_run_and_says_why(tmp_path, monkeypatch):
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(df) == 2 * len(CASES)
     done, lost, rest = (df[df.case_id == c] for c in df.case_id.unique())
-    assert (done[done.backend == "torch.recurrent"].status == "PASS").all()
-    assert (lost[lost.backend == "torch.recurrent"].status == "PASS").all()  # measured before the loss
-    assert (rest.status == "ERROR").all()
+    assert (done[done.backend == "torch.recurrent"].status == Status.PASS).all()
+    assert (lost[lost.backend == "torch.recurrent"].status == Status.PASS).all()  # measured before the loss
+    assert (rest.status == Status.ERROR).all()
     reason = rest.error.iloc[0]
     assert reason.startswith("not run: the GPU context was lost during case " + lost.case_id.iloc[0])
     assert "fake.raises: RuntimeError: boom" in reason
@@ -110,7 +110,7 @@ def test_a_lost_gpu_context_stops_the_run_and_says_why(tmp_path, monkeypatch):
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(df) == 2 * len(CASES) and not df.error.str.startswith("not run").any(), res.output
     again = df[df.case_id == rest.case_id.iloc[0]].set_index("backend")
-    assert again.status.to_dict() == {"torch.recurrent": "PASS", "fake.raises": "ERROR"}
+    assert again.status.to_dict() == {"torch.recurrent": Status.PASS, "fake.raises": Status.ERROR}
 
 
 def test_timeout_becomes_a_row(tmp_path):
@@ -119,7 +119,7 @@ def test_timeout_becomes_a_row(tmp_path):
     res = run(suite, "--out", tmp_path / "out")
     assert res.exit_code == 0, res.output  # a timeout is not a correctness failure (see --strict)
     df = pd.read_csv(tmp_path / "out" / "results.csv")
-    assert df.set_index("backend")["status"].to_dict() == {"fake.slow": "TIMEOUT", "torch.chunk": "PASS"}
+    assert df.set_index("backend")["status"].to_dict() == {"fake.slow": Status.TIMEOUT, "torch.chunk": Status.PASS}
 
 
 def test_decode_pool_outside_slots_is_caught(tmp_path):
@@ -139,7 +139,7 @@ def test_interrupt_keeps_finished_cases(tmp_path, monkeypatch, chained):
     res = run(suite, "--out", tmp_path / "out")
     assert res.exit_code == 130
     df = pd.read_csv(tmp_path / "out" / "results.csv")
-    assert len(df) == 1 and df["status"].iloc[0] == "PASS"
+    assert len(df) == 1 and df["status"].iloc[0] == Status.PASS
     assert json.loads((tmp_path / "out" / "run.json").read_text())["status"] == "interrupted"
 
 
@@ -176,7 +176,7 @@ def test_resume_goes_on_with_an_interrupted_run(tmp_path, monkeypatch):
     res = run(suite, "--out", out, "--resume")
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "results.csv")
-    assert len(df) == 2 * len(CASES) and (df.status == "PASS").all()
+    assert len(df) == 2 * len(CASES) and (df.status == Status.PASS).all()
     assert (out / "results.csv").read_text().splitlines()[:3] == written  # the header and the kept rows
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "complete" and meta["cases_from_earlier_sessions"] == [first.case_id[0]]
@@ -297,6 +297,6 @@ def test_triton_rows_on_cpu_are_marked_interpreted_and_get_no_speedup(tmp_path, 
                         baseline="torch.recurrent")
     assert run(suite, "--out", tmp_path / "out").exit_code == 0
     df = pd.read_csv(tmp_path / "out" / "results.csv").set_index("backend")
-    assert df.loc["fake.triton", "status"] == "PASS" and df.loc["fake.triton", "interpreted"]
+    assert df.loc["fake.triton", "status"] == Status.PASS and df.loc["fake.triton", "interpreted"]
     assert pd.isna(df.loc["fake.triton", "speedup"]) and df.loc["torch.recurrent", "speedup"] == 1
     assert "interpreter" in df.loc["fake.triton", "note"]

@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from gdnbench.cli.compare import compare
-from gdnbench.results import RunDir
+from gdnbench.results import Row, RunDir, Status
 from gdnbench.stats import mann_whitney_u, median_ratio_ci, summarize
 
 
@@ -34,7 +34,7 @@ def write_run(path, rows, **meta):
     rd = RunDir(path)
     rd.write_meta({**META, **meta})
     for (case_id, backend), (status, samples) in rows.items():
-        row = {"suite": "t", "case_id": case_id, "backend": backend, "status": status, "device": GPU}
+        row = Row(suite="t", case_id=case_id, backend=backend, status=status, device=GPU)
         raw = []
         if samples is not None:
             row.update(timer="graph", l2="cold", **summarize(samples).as_dict())
@@ -67,8 +67,8 @@ def verdicts(rows):
 
 def test_identical_distributions_are_same(tmp_path):
     keys = [(f"case{i}", b) for i in range(4) for b in ("x.chunk", "y.chunk")]
-    base = {k: ("PASS", draw(50 + 10 * i, 0.03, seed=i)) for i, k in enumerate(keys)}
-    new = {k: ("PASS", draw(50 + 10 * i, 0.03, seed=100 + i)) for i, k in enumerate(keys)}
+    base = {k: (Status.PASS, draw(50 + 10 * i, 0.03, seed=i)) for i, k in enumerate(keys)}
+    new = {k: (Status.PASS, draw(50 + 10 * i, 0.03, seed=100 + i)) for i, k in enumerate(keys)}
     res, rows, doc = compare_rows(tmp_path, base, new)
     assert res.exit_code == 0, res.output
     assert set(verdicts(rows).values()) == {"SAME"} and doc["counts"] == {"SAME": 8}
@@ -77,10 +77,10 @@ def test_identical_distributions_are_same(tmp_path):
 
 
 def test_ten_percent_shift_with_low_noise_is_slower_and_exits_1(tmp_path):
-    base = {("a", "k"): ("PASS", draw(100, 0.01, seed=1)), ("b", "k"): ("PASS", draw(100, 0.01, seed=2)),
-            ("c", "k"): ("PASS", draw(100, 0.01, seed=3))}
-    new = {("a", "k"): ("PASS", draw(110, 0.01, seed=4)), ("b", "k"): ("PASS", draw(90, 0.01, seed=5)),
-           ("c", "k"): ("PASS", draw(100, 0.01, seed=6))}
+    base = {("a", "k"): (Status.PASS, draw(100, 0.01, seed=1)), ("b", "k"): (Status.PASS, draw(100, 0.01, seed=2)),
+            ("c", "k"): (Status.PASS, draw(100, 0.01, seed=3))}
+    new = {("a", "k"): (Status.PASS, draw(110, 0.01, seed=4)), ("b", "k"): (Status.PASS, draw(90, 0.01, seed=5)),
+           ("c", "k"): (Status.PASS, draw(100, 0.01, seed=6))}
     res, rows, doc = compare_rows(tmp_path, base, new)
     assert res.exit_code == 1, res.output
     assert verdicts(rows) == {("a", "k"): "SLOWER", ("b", "k"): "FASTER", ("c", "k"): "SAME"}
@@ -95,31 +95,31 @@ def test_ten_percent_shift_with_low_noise_is_slower_and_exits_1(tmp_path):
 
 def test_ten_percent_shift_buried_in_noise_is_ambiguous(tmp_path):
     noisy = draw(100, 0.3, n=10, seed=7)
-    res, rows, _ = compare_rows(tmp_path, {("a", "k"): ("PASS", noisy)},
-                                {("a", "k"): ("PASS", [1.1 * x for x in noisy])})
+    res, rows, _ = compare_rows(tmp_path, {("a", "k"): (Status.PASS, noisy)},
+                                {("a", "k"): (Status.PASS, [1.1 * x for x in noisy])})
     r = rows[("a", "k")]
     assert r["verdict"] == "AMBIGUOUS" and r["ratio"] == pytest.approx(1.1) and r["p_value"] > 0.01
     assert r["ratio_lo"] < 1 < r["ratio_hi"]
     assert res.exit_code == 0, res.output  # not a regression by default ...
-    res, _, _ = compare_rows(tmp_path, {("a", "k"): ("PASS", noisy)},
-                             {("a", "k"): ("PASS", [1.1 * x for x in noisy])}, "--fail-on", "slower,ambiguous")
+    res, _, _ = compare_rows(tmp_path, {("a", "k"): (Status.PASS, noisy)},
+                             {("a", "k"): (Status.PASS, [1.1 * x for x in noisy])}, "--fail-on", "slower,ambiguous")
     assert res.exit_code == 1  # ... unless asked
 
 
 def test_two_percent_shift_is_same_at_five_percent_even_when_significant(tmp_path):
-    res, rows, _ = compare_rows(tmp_path, {("a", "k"): ("PASS", draw(100, 0.01, seed=1))},
-                                {("a", "k"): ("PASS", draw(102, 0.01, seed=2))})
+    res, rows, _ = compare_rows(tmp_path, {("a", "k"): (Status.PASS, draw(100, 0.01, seed=1))},
+                                {("a", "k"): (Status.PASS, draw(102, 0.01, seed=2))})
     r = rows[("a", "k")]
     assert r["verdict"] == "SAME" and r["p_value"] < 1e-6 and r["ratio"] == pytest.approx(1.02, abs=0.005)
     assert res.exit_code == 0
-    res, rows, _ = compare_rows(tmp_path, {("a", "k"): ("PASS", draw(100, 0.01, seed=1))},
-                                {("a", "k"): ("PASS", draw(102, 0.01, seed=2))}, "--threshold", 0.01)
+    res, rows, _ = compare_rows(tmp_path, {("a", "k"): (Status.PASS, draw(100, 0.01, seed=1))},
+                                {("a", "k"): (Status.PASS, draw(102, 0.01, seed=2))}, "--threshold", 0.01)
     assert rows[("a", "k")]["verdict"] == "SLOWER" and res.exit_code == 1
 
 
 def test_threshold_per_suite(tmp_path):
-    base = {("a", "k"): ("PASS", draw(100, 0.01, seed=1))}
-    new = {("a", "k"): ("PASS", draw(110, 0.01, seed=2))}
+    base = {("a", "k"): (Status.PASS, draw(100, 0.01, seed=1))}
+    new = {("a", "k"): (Status.PASS, draw(110, 0.01, seed=2))}
     res, rows, doc = compare_rows(tmp_path, base, new, "--threshold-for", "t=0.15", "--threshold-for", "other=0")
     assert res.exit_code == 0 and rows[("a", "k")]["verdict"] == "SAME" and rows[("a", "k")]["threshold"] == 0.15
     assert doc["settings"]["thresholds"] == {"t": 0.15, "other": 0.0}
@@ -132,22 +132,22 @@ def test_threshold_per_suite(tmp_path):
 
 def test_missing_and_new_rows(tmp_path):
     s = draw(100, 0.01)
-    res, rows, _ = compare_rows(tmp_path, {("a", "k"): ("PASS", s), ("b", "k"): ("PASS", s)},
-                                {("a", "k"): ("PASS", s), ("c", "k"): ("PASS", s)})
+    res, rows, _ = compare_rows(tmp_path, {("a", "k"): (Status.PASS, s), ("b", "k"): (Status.PASS, s)},
+                                {("a", "k"): (Status.PASS, s), ("c", "k"): (Status.PASS, s)})
     assert verdicts(rows) == {("a", "k"): "SAME", ("b", "k"): "MISSING", ("c", "k"): "NEW"}
     assert rows[("b", "k")]["new_status"] is None and rows[("c", "k")]["new_median_us"] == pytest.approx(100, 0.01)
     assert res.exit_code == 0
-    res, _, _ = compare_rows(tmp_path, {("a", "k"): ("PASS", s), ("b", "k"): ("PASS", s)},
-                             {("a", "k"): ("PASS", s)}, "--fail-on", "missing")
+    res, _, _ = compare_rows(tmp_path, {("a", "k"): (Status.PASS, s), ("b", "k"): (Status.PASS, s)},
+                             {("a", "k"): (Status.PASS, s)}, "--fail-on", "missing")
     assert res.exit_code == 1
 
 
 def test_status_changes(tmp_path):
     s = draw(100, 0.01)
-    base = {("a", "k"): ("PASS", s), ("b", "k"): ("PASS", s), ("c", "k"): ("FAIL", s), ("d", "k"): ("PASS", s),
-            ("e", "k"): ("SKIP", None), ("f", "k"): ("FAIL", s)}
-    new = {("a", "k"): ("FAIL", s), ("b", "k"): ("ERROR", None), ("c", "k"): ("PASS", s), ("d", "k"): ("SKIP", None),
-           ("e", "k"): ("SKIP", None), ("f", "k"): ("FAIL", draw(120, 0.01))}
+    base = {("a", "k"): (Status.PASS, s), ("b", "k"): (Status.PASS, s), ("c", "k"): (Status.FAIL, s), ("d", "k"): (Status.PASS, s),
+            ("e", "k"): (Status.SKIP, None), ("f", "k"): (Status.FAIL, s)}
+    new = {("a", "k"): (Status.FAIL, s), ("b", "k"): (Status.ERROR, None), ("c", "k"): (Status.PASS, s), ("d", "k"): (Status.SKIP, None),
+           ("e", "k"): (Status.SKIP, None), ("f", "k"): (Status.FAIL, draw(120, 0.01))}
     res, rows, doc = compare_rows(tmp_path, base, new)
     # an untimed ERROR row still matches its timed PASS row: it takes the run's timer and L2 mode
     assert verdicts(rows) == {("a", "k"): "BROKEN", ("b", "k"): "BROKEN", ("c", "k"): "FIXED",
@@ -155,12 +155,12 @@ def test_status_changes(tmp_path):
     assert rows[("b", "k")]["timer"] == "graph" and rows[("e", "k")]["l2"] == "cold"
     assert [r["verdict"] for r in doc["rows"]][:2] == ["BROKEN", "BROKEN"]
     assert res.exit_code == 1
-    res, _, _ = compare_rows(tmp_path, base, {**new, ("f", "k"): ("FAIL", s)}, "--fail-on", "slower")
+    res, _, _ = compare_rows(tmp_path, base, {**new, ("f", "k"): (Status.FAIL, s)}, "--fail-on", "slower")
     assert res.exit_code == 0, res.output
 
 
 def test_bad_input_exits_2_naming_the_file(tmp_path):
-    s = {("a", "k"): ("PASS", draw(100, 0.01))}
+    s = {("a", "k"): (Status.PASS, draw(100, 0.01))}
     good = write_run(tmp_path / "good", s)
     base = write_run(tmp_path / "base", s)
     meta = json.loads((base / "run.json").read_text())
@@ -187,7 +187,7 @@ def test_bad_input_exits_2_naming_the_file(tmp_path):
 
 
 def test_different_gpu_warns_and_strict_exits_2(tmp_path):
-    s = {("a", "k"): ("PASS", draw(100, 0.01))}
+    s = {("a", "k"): (Status.PASS, draw(100, 0.01))}
     other = {"device": {**META["device"], "name": "NVIDIA H200"}, "versions": {**META["versions"], "torch": "2.14.0"}}
     res, rows, doc = compare_rows(tmp_path, s, s, new_meta=other)
     assert res.exit_code == 0 and "warning" in output(res) and "NVIDIA H200" in output(res)
@@ -199,10 +199,10 @@ def test_different_gpu_warns_and_strict_exits_2(tmp_path):
 
 
 def test_markdown_and_json_outputs_parse(tmp_path):
-    base = {("a", "k"): ("PASS", draw(100, 0.01, seed=1)), ("b", "k"): ("PASS", draw(100, 0.01, seed=2)),
-            ("c", "k"): ("SKIP", None)}
-    new = {("a", "k"): ("PASS", draw(120, 0.01, seed=3)), ("b", "k"): ("PASS", draw(100, 0.01, seed=4)),
-           ("d", "k"): ("PASS", draw(50, 0.01, seed=5))}
+    base = {("a", "k"): (Status.PASS, draw(100, 0.01, seed=1)), ("b", "k"): (Status.PASS, draw(100, 0.01, seed=2)),
+            ("c", "k"): (Status.SKIP, None)}
+    new = {("a", "k"): (Status.PASS, draw(120, 0.01, seed=3)), ("b", "k"): (Status.PASS, draw(100, 0.01, seed=4)),
+           ("d", "k"): (Status.PASS, draw(50, 0.01, seed=5))}
     md = tmp_path / "cmp.md"
     res, rows, doc = compare_rows(tmp_path, base, new, "--markdown", md)
     assert res.exit_code == 1, res.output

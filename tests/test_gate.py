@@ -22,6 +22,7 @@ from gdnbench.backends import Outputs
 from gdnbench.check import MARGIN, Gate, floor_outputs, reference_outputs
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
+from gdnbench.results import Status
 from gdnbench.suite import Case, ReferenceSettings, Tolerances
 from tests.interpreter import InterpretedRun
 
@@ -63,7 +64,7 @@ def test_without_decay_the_floor_and_the_tolerance_rise_above_the_fixed_one():
     assert no_decay.tol["o"]["rel"] == pytest.approx(MARGIN * no_decay.floor["o"].rel)
     assert decay.tol["o"]["rel"] == max(Tolerances().bf16, MARGIN * decay.floor["o"].rel)
     for gate in (no_decay, decay):  # what the floor measures passes its own gate
-        assert gate.check(floor_outputs(gate.p)).status == "PASS"
+        assert gate.check(floor_outputs(gate.p)).status == Status.PASS
 
 
 @pytest.mark.parametrize("case", [
@@ -79,7 +80,7 @@ def test_an_independent_correct_implementation_passes(case):
     out = reference_outputs(p, ReferenceSettings(backend="torch.recurrent", precision="fp32"))
     out.o = out.o.to(p.q.dtype)
     verdict = gate.check(out)
-    assert verdict.status == "PASS", verdict.message
+    assert verdict.status == Status.PASS, verdict.message
     assert verdict.floor_o is not None and verdict.tol_o >= verdict.floor_o
 
 
@@ -94,7 +95,7 @@ def test_a_dropped_short_sequence_in_a_long_pack_fails_by_name():
     out.o[:, -1] = 0  # the 1-token sequence
     verdict = gate.check(out)
     assert verdict.rel_err_o <= verdict.tol_o  # hidden in the global measure ...
-    assert verdict.status == "FAIL" and "o rel err in sequence 1 (1 token)" in verdict.message  # ... not here
+    assert verdict.status == Status.FAIL and "o rel err in sequence 1 (1 token)" in verdict.message  # ... not here
 
 
 def test_a_wrong_last_token_of_a_long_sequence_fails_on_the_peak():
@@ -103,7 +104,7 @@ def test_a_wrong_last_token_of_a_long_sequence_fails_on_the_peak():
     out.o[:, -1] = 0
     verdict = gate.check(out)
     assert verdict.rel_err_o <= verdict.tol_o and verdict.local_err_o <= verdict.local_tol_o
-    assert verdict.status == "FAIL" and "o peak err" in verdict.message
+    assert verdict.status == Status.FAIL and "o peak err" in verdict.message
 
 
 def test_a_wrong_head_and_a_wrong_sequence_state_fail_by_name():
@@ -112,11 +113,11 @@ def test_a_wrong_head_and_a_wrong_sequence_state_fail_by_name():
     head = Outputs(good.o.clone(), good.final_state)
     head.o[..., 5, :] *= 1.05
     verdict = gate.check(head)
-    assert verdict.status == "FAIL" and "o rel err in value head 5" in verdict.message, verdict.message
+    assert verdict.status == Status.FAIL and "o rel err in value head 5" in verdict.message, verdict.message
     state = Outputs(good.o, good.final_state.clone())
     state.final_state[2] *= 1.05
     verdict = gate.check(state)
-    assert verdict.status == "FAIL" and "state rel err in sequence 2" in verdict.message, verdict.message
+    assert verdict.status == Status.FAIL and "state rel err in sequence 2" in verdict.message, verdict.message
 
 
 # --------------------------------------------------------------------------------------------------
@@ -129,16 +130,16 @@ def test_a_backend_stale_after_its_first_call_fails(tmp_path):
              {"op": "decode", "B": 2, "H": 1, "HV": 2, "D": 8, "dtype": "fp32", "pool_size": 5}]
     df = run_rows(tmp_path, ["tests.fake_backends:stale", "torch.recurrent"], cases, baseline="torch.recurrent")
     stale = df[df.backend == "fake.stale"]
-    assert (stale.status == "FAIL").all() and stale.speedup.isna().all()
+    assert (stale.status == Status.FAIL).all() and stale.speedup.isna().all()
     assert stale.error.str.startswith("the timed call, run again on poisoned outputs").all(), stale.error
-    assert (df[df.backend == "torch.recurrent"].status == "PASS").all()
+    assert (df[df.backend == "torch.recurrent"].status == Status.PASS).all()
 
 
 def test_a_writer_into_the_problems_pool_fails_and_the_next_backend_passes(tmp_path):
     case = {"op": "decode", "B": 2, "H": 1, "HV": 2, "D": 8, "dtype": "fp32", "pool_size": 6, "slots": "scattered"}
     df = run_rows(tmp_path, ["tests.fake_backends:pool_writer", "torch.recurrent", "torch.chunk"], [case])
     status = df.set_index("backend")
-    assert status.status.to_dict() == {"fake.pool_writer": "FAIL", "torch.recurrent": "PASS", "torch.chunk": "PASS"}
+    assert status.status.to_dict() == {"fake.pool_writer": Status.FAIL, "torch.recurrent": Status.PASS, "torch.chunk": Status.PASS}
     assert "wrote into inputs it does not own: state_pool (2 slot(s) in slot_idx, 1 outside)" in \
         status.error["fake.pool_writer"]
 
@@ -146,14 +147,14 @@ def test_a_writer_into_the_problems_pool_fails_and_the_next_backend_passes(tmp_p
 def test_a_backend_changing_an_output_slot_outside_slot_idx_fails(tmp_path):
     case = {"op": "decode", "B": 2, "H": 1, "HV": 2, "D": 8, "dtype": "fp32", "pool_size": 5, "slots": "scattered"}
     df = run_rows(tmp_path, ["tests.fake_backends:clobber"], [case])
-    assert df.status.tolist() == ["FAIL"] and "1 pool slot(s) outside slot_idx were modified" in df.error[0]
+    assert df.status.tolist() == [Status.FAIL] and "1 pool slot(s) outside slot_idx were modified" in df.error[0]
 
 
 def test_local_failures_name_the_sequence_the_head_and_the_token(tmp_path):
     cases = [{"mode": "varlen", "seq_lens": [1, 300, 20], "H": 1, "HV": 4, "D": 8, "dtype": "fp32"}]
     fakes = ["drop_short", "drop_last", "wrong_head", "wrong_state"]
     df = run_rows(tmp_path, [f"tests.fake_backends:{f}" for f in fakes], cases).set_index("backend")
-    assert (df.status == "FAIL").all(), df.error
+    assert (df.status == Status.FAIL).all(), df.error
     assert "o rel err in sequence 0 (1 token)" in df.error["fake.drop_short"]
     assert "o rel err in sequence 2 (20 tokens)" in df.error["fake.drop_last"]
     assert "o rel err in value head 0" in df.error["fake.wrong_head"]
@@ -192,8 +193,8 @@ def interpreted(interpreted_runs) -> Path:
 
 def test_no_false_fail_on_hard_cases(interpreted):
     df = pd.read_csv(interpreted / "results.csv")
-    ran = df[df.status != "SKIP"]
-    assert (ran.status == "PASS").all(), ran[ran.status != "PASS"][["case_id", "backend", "status", "error"]]
+    ran = df[df.status != Status.SKIP]
+    assert (ran.status == Status.PASS).all(), ran[ran.status != Status.PASS][["case_id", "backend", "status", "error"]]
     kernels = set(ran.backend)
     assert {"triton.recurrent", "triton.chunk", "triton.chunk_fused"} <= kernels
     assert len(ran[ran.op == "prefill"].case_id.unique()) == 5

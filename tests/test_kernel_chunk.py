@@ -22,6 +22,7 @@ import torch
 
 from gdnbench.backends import registry
 from gdnbench.reference import chunk_intermediates, gate_from_raw, gdn_recurrent
+from gdnbench.results import Status
 from gdnbench.suite import Case
 from tests.interpreter import InterpretedRun, start_worker, worker_results
 from tests.kernel_inputs import kernel_inputs
@@ -451,14 +452,14 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     df = pd.read_csv(interpreted["run_dir"] / "results.csv")
     for name in BACKENDS:
         rows = df[df.backend == name]
-        ran = rows[rows.status != "SKIP"]
-        assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == "PASS").all(), ran[["case_id", "status", "error"]]
+        ran = rows[rows.status != Status.SKIP]
+        assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == Status.PASS).all(), ran[["case_id", "status", "error"]]
         assert ran.path.str.contains("triton interpreter").all() and ran.path.str.contains("BV=32 w4").all()
         assert ran.path.str.contains("raw gating fused").sum() == 1
-        assert set(rows[rows.status == "SKIP"].error) == {f"{name}: head dims up to 256, case has K=512, V=512"}
+        assert set(rows[rows.status == Status.SKIP].error) == {f"{name}: head dims up to 256, case has K=512, V=512"}
     # few heads and K < 128: fuse_output_default keeps the parallel output pass
     assert not df[df.backend == "triton.chunk_fused"].path.str.contains("output fused").any()
-    fused = df[(df.backend == "triton.chunk_fused") & (df.status != "SKIP")]
+    fused = df[(df.backend == "triton.chunk_fused") & (df.status != Status.SKIP)]
     assert fused.path.str.contains("prep[w4 s1]", regex=False).all()  # the interpreter's one prep config
 
 

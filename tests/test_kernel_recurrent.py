@@ -22,6 +22,7 @@ import triton
 
 from gdnbench.backends import registry
 from gdnbench.reference import gate_from_raw, gdn_decode, gdn_recurrent, start_slots
+from gdnbench.results import Status
 from gdnbench.suite import Case
 from tests.interpreter import InterpretedRun, start_worker, worker_results
 from tests.kernel_inputs import DT, kernel_inputs
@@ -282,15 +283,15 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     assert cli["exit_code"] == 0, cli["output"]
     df = pd.read_csv(interpreted["run_dir"] / "results.csv")
     tri = df[df.backend == "triton.recurrent"]
-    ran = tri[tri.status != "SKIP"]
-    assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == "PASS").all(), ran[["case_id", "status", "error"]]
+    ran = tri[tri.status != Status.SKIP]
+    assert len(ran) == len(SUITE_CASES) - 1 and (ran.status == Status.PASS).all(), ran[["case_id", "status", "error"]]
     assert (ran.rel_err_o < 5e-3).all() and (ran.rel_err_state < 1e-4).all()
     assert ran.path.str.contains("BV=32 num_warps=4").all() and ran.path.str.contains("interpreter").all()
     assert ran.path.str.contains("raw gating fused").sum() == 3
     assert ran.path.str.contains("in place at slot_idx").sum() == 3
     assert ran.path.str.contains("a slot per token from num_accepted_tokens").sum() == 1
-    assert set(tri[tri.status == "SKIP"].error) == {"triton.recurrent: head dims up to 256, case has K=512, V=512"}
-    assert (df[df.backend == "torch.recurrent"].status == "PASS").all()
+    assert set(tri[tri.status == Status.SKIP].error) == {"triton.recurrent: head dims up to 256, case has K=512, V=512"}
+    assert (df[df.backend == "torch.recurrent"].status == Status.PASS).all()
 
 
 # ---- the envelope, without the interpreter ------------------------------------------------------------

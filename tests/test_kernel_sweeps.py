@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gdnbench.results import Status
 from gdnbench_kernels.chunk import config_from, config_label
 from gdnbench_kernels.chunk_fused import PREP_CANDIDATES
 from tests import SUBPROCESS_TIMEOUT_S
@@ -140,10 +141,10 @@ def test_revision_ab_row_names_each_sides_path_where_they_differ():
 
     from examples.kernel_sweeps.revision_ab import row
 
-    ok = SimpleNamespace(status="PASS", message="", rel_err_o=1e-3, rel_err_state=None)
+    ok = SimpleNamespace(status=Status.PASS, message="", rel_err_o=1e-3, rel_err_state=None)
     same = row("c", "b", 30.0, 20.0, [ok, ok], ["BV=16 num_warps=2", "BV=16 num_warps=2"])
     assert same.split() == ["c", "b", "30.0", "20.0", "1.500", "1.0e-03/1.0e-03", "-/-"]
-    bad = SimpleNamespace(status="FAIL", message="o off by 1e-1", rel_err_o=1e-1, rel_err_state=None)
+    bad = SimpleNamespace(status=Status.FAIL, message="o off by 1e-1", rel_err_o=1e-1, rel_err_state=None)
     differ = row("c", "b", 30.0, 20.0, [ok, bad], ["raw gating; BV=16 num_warps=2", "raw gating; BV=8 num_warps=1"])
     assert differ.endswith("PASS/FAIL (o off by 1e-1)  paths: BV=16 num_warps=2 | BV=8 num_warps=1"), differ
     assert row("c", "b", 1.0, 1.0, [ok, ok], ["a; b", "a"]).endswith("paths: b | -")

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from gdnbench.cli.html import report
 from gdnbench.cli.plot import plot
 from gdnbench.plot import short_labels
-from gdnbench.results import RunDir
+from gdnbench.results import Row, RunDir, Status
 
 runner = CliRunner()
 app = typer.Typer()
@@ -37,16 +37,16 @@ def _flat(output: str) -> str:
 
 
 def _row(case_id, fields, backend, status, median, base_median, error=None):
-    passed = status == "PASS"
-    return {
-        "suite": "qwen3-next", "case_id": case_id, "backend": backend, "status": status, "error": error,
-        "path": "chunk", "version": "0.6.0", "device": DEVICE, "timer": "graph" if median else None,
-        "l2": "cold" if median else None, "n": 200 if median else None, "median_us": median,
-        "p95_us": median * 1.04 if median else None, "converged": True if median else None,
-        "baseline": "fla.chunk", "speedup": base_median / median if passed else None,
-        "rel_err_o": 2e-4 if passed else (3.1e-2 if status == "FAIL" else None),
-        "op": "prefill", "mode": "padded", "H": 16, "HV": 32, "K": 128, "V": 128, "dtype": "bf16", **fields,
-    }
+    passed = status == Status.PASS
+    return Row(
+        suite="qwen3-next", case_id=case_id, backend=backend, status=status, error=error,
+        path="chunk", version="0.6.0", device=DEVICE, timer="graph" if median else None,
+        l2="cold" if median else None, n=200 if median else None, median_us=median,
+        p95_us=median * 1.04 if median else None, converged=True if median else None,
+        baseline="fla.chunk", speedup=base_median / median if passed else None,
+        rel_err_o=2e-4 if passed else (3.1e-2 if status == Status.FAIL else None),
+        case={"op": "prefill", "mode": "padded", "H": 16, "HV": 32, "K": 128, "V": 128, "dtype": "bf16", **fields},
+    )
 
 
 @pytest.fixture
@@ -68,15 +68,15 @@ def run_dir(tmp_path):
         "ceilings": {"copy_gbps": 2987.4, "matmul_tflops": 701.2}, "status": "complete",
     })
     for i, (case_id, fields, base) in enumerate(CASES):
-        rows = [_row(case_id, fields, "fla.chunk", "PASS", base, base)]
+        rows = [_row(case_id, fields, "fla.chunk", Status.PASS, base, base)]
         if fields.get("mode") == "varlen":
-            rows.append(_row(case_id, fields, "flashinfer.prefill", "SKIP", None, base, SKIP_REASON))
+            rows.append(_row(case_id, fields, "flashinfer.prefill", Status.SKIP, None, base, SKIP_REASON))
         else:
-            rows.append(_row(case_id, fields, "flashinfer.prefill", "PASS", base * 0.62, base))
+            rows.append(_row(case_id, fields, "flashinfer.prefill", Status.PASS, base * 0.62, base))
         if i == 1:
-            rows.append(_row(case_id, fields, "torch.chunk", "FAIL", base * 9.0, base, FAIL_REASON))
+            rows.append(_row(case_id, fields, "torch.chunk", Status.FAIL, base * 9.0, base, FAIL_REASON))
         else:
-            rows.append(_row(case_id, fields, "torch.chunk", "PASS", base * 11.5, base))
+            rows.append(_row(case_id, fields, "torch.chunk", Status.PASS, base * 11.5, base))
         out.add_case(rows, [])
     return out.path
 
@@ -113,7 +113,7 @@ def test_report_html_holds_tables_provenance_and_plot(run_dir, tmp_path):
         assert html.escape(case_id) in text
     assert DEVICE in text and "qwen3-next" in text
     assert "0123456789abcdef0123456789abcdef01234567" in text and "575.57.08" in text and "2987" in text
-    assert "0.09x" in text and "1.61x" in text and "FAIL 13.1ms" in text  # cells from report._grid
+    assert "0.09x" in text and "1.61x" in text and "FAIL 13.1ms" in text  # cells from report.table_grid
     assert html.escape(FAIL_REASON) in text and html.escape(SKIP_REASON) in text
     assert "<unsupported>" not in text  # escaped, not markup
     img = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from gdnbench.backends import registry
 from gdnbench.cli import app
+from gdnbench.results import Status
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "my_variant"
 
@@ -44,10 +45,10 @@ def test_plugin_is_listed_and_runs(installed, tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     mine = df[df.backend == "my_variant.chunk32"]
-    assert set(mine[(mine.op == "prefill") & (mine.gating == "pre")].status) == {"PASS"}
+    assert set(mine[(mine.op == "prefill") & (mine.gating == "pre")].status) == {Status.PASS}
     skipped = mine[(mine.op == "decode") | (mine.gating == "raw")]
-    assert set(skipped.status) == {"SKIP"} and skipped.error.str.startswith("my_variant.chunk32: ").all()
-    assert (mine[mine.status == "PASS"].rel_err_o < 1e-5).all()
+    assert set(skipped.status) == {Status.SKIP} and skipped.error.str.startswith("my_variant.chunk32: ").all()
+    assert (mine[mine.status == Status.PASS].rel_err_o < 1e-5).all()
 
 
 def test_broken_plugin_is_unavailable_not_fatal(installed):

@@ -1,4 +1,4 @@
-"""Canonical inputs: deterministic per (seed, case id), in DESIGN.md's shapes, dtypes and ranges."""
+"""Canonical inputs: deterministic per (seed, case id), in docs/design.md's shapes, dtypes and ranges."""
 
 import math
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from gdnbench import status_page
+from gdnbench.results import Status
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,10 +32,10 @@ def test_a_row_without_a_time_shows_its_status(tmp_path):
     run = tmp_path / "h200" / "smoke"
     run.mkdir(parents=True)
     rows = [
-        {"case_id": "prefill/a", "backend": "triton.chunk_fused", "status": "PASS", "median_us": 10.0},
-        {"case_id": "prefill/a", "backend": "fla.chunk", "status": "PASS", "median_us": 25.0},
-        {"case_id": "prefill/b", "backend": "triton.chunk_fused", "status": "FAIL", "median_us": 1.0},
-        {"case_id": "prefill/b", "backend": "fla.chunk", "status": "PASS", "median_us": 30.0},
+        {"case_id": "prefill/a", "backend": "triton.chunk_fused", "status": Status.PASS, "median_us": 10.0},
+        {"case_id": "prefill/a", "backend": "fla.chunk", "status": Status.PASS, "median_us": 25.0},
+        {"case_id": "prefill/b", "backend": "triton.chunk_fused", "status": Status.FAIL, "median_us": 1.0},
+        {"case_id": "prefill/b", "backend": "fla.chunk", "status": Status.PASS, "median_us": 30.0},
     ]
     pd.DataFrame(rows).to_csv(run / "results.csv", index=False)
     (run / "run.json").write_text(json.dumps({"status": "complete", "command": "gdnbench run smoke"}))

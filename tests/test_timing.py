@@ -9,6 +9,7 @@ from gdnbench.timing import (
     TimingConfig,
     copy_moving,
     default_timer,
+    event_rounds,
     measure,
     measure_ceilings,
     measure_interleaved,
@@ -241,3 +242,42 @@ def test_interleaved_series_alternate_and_keep_their_own_times():
     assert calls == ["a", "b"] * 7  # one warm-up of each, then six rounds in alternation
     assert all(log[i - 1] == "ra" for i, x in enumerate(log) if x == "a")  # a's reset before every a
     assert 2 < np.median(a.samples_us) / np.median(b.samples_us) < 4
+
+
+def test_event_rounds_order_reset_flush_and_events_around_each_call(monkeypatch):
+    """The GPU sampling core, on a CPU with CUDA events stood in for: per round one sample of each run in
+    turn, its reset and the flush before its start event, one synchronisation per call."""
+    log = []
+
+    class Event:
+        count = 0
+
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            Event.count += 1
+            self.t = None
+
+        def record(self) -> None:
+            log.append("event")
+            self.t = len(log)  # "milliseconds": the position in the log
+
+        def synchronize(self) -> None:
+            log.append("sync")
+
+        def elapsed_time(self, end: "Event") -> float:
+            return float(end.t - self.t)
+
+    class Flush:
+        def zero_(self) -> None:
+            log.append("flush")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    run_rounds = event_rounds([lambda: log.append("a"), lambda: log.append("b")], [lambda: log.append("ra"), None],
+                              Flush())
+    a, b = run_rounds(2)
+    one = ["ra", "flush", "event", "a", "event", "flush", "event", "b", "event"]
+    assert log == one * 2 + ["sync"]
+    assert a == b == [2000.0, 2000.0]  # microseconds: each call sits between its own two events
+    log.clear()
+    run_rounds(1)
+    assert log == one + ["sync"] and Event.count == 2 * 2 * 10  # events made once, reused

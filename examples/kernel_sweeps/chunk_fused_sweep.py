@@ -1,4 +1,4 @@
-"""The sweeps behind BENCHMARKS.md's chunk_fused tables, for whoever tunes the kernel next.
+"""Sweeps of the chunk_fused kernels, for whoever tunes them next.
 
   configs      force each candidate config of one tuned kernel (``prep``: gate + K K^T + solve, no
                block width; ``state``: the Triton state pass with the output fused in, over warm-up

@@ -1,14 +1,12 @@
 """Force each candidate config of the bundled recurrent kernel (triton.recurrent), timed side by side.
 
-The sweep behind BENCHMARKS.md's forced-config decode tables, for whoever tunes the kernel next. For
-every case of SUITE that matches -k, each (BV, warps, items) config runs alone, the kernel's tuner
-bypassed: the shipped candidates (pruned for the case's head dims as the tuner prunes them) or those
-given with -c. All configs of a case are timed interleaved (A B C A B C ...) with ``gdnbench run``'s
-timer (graph replay, L2 flushed), the state pool reset before every sample.
-One row per config: median us, time relative to the case's fastest config, and the relative difference
-of its output and state from the first config's (every config computes the same thing, so anything
-above rounding is a bug). This reaches into the kernel module's tuning state and is not part of the
-harness.
+For whoever tunes the kernel next. For every case of SUITE that matches -k, each (BV, warps, items) config
+runs alone, the kernel's tuner bypassed: the shipped candidates (pruned for the case's head dims as the
+tuner prunes them) or those given with -c. All configs of a case are timed interleaved (A B C A B C ...)
+with ``gdnbench run``'s timer (graph replay, L2 flushed), the state pool reset before every sample. One row
+per config: median us, time relative to the case's fastest config, and the relative difference of its output
+and state from the first config's (every config computes the same thing, so anything above rounding is a
+bug). This reaches into the kernel module's tuning state and is not part of the harness.
 
     python -m examples.kernel_sweeps.recurrent_sweep decode -k "B=256,T=4,H=16,HV=32"
     python -m examples.kernel_sweeps.recurrent_sweep decode -k "B=256,T=2" -c 8,1,1 -c 8,1,4 -c 64,4,1
@@ -18,7 +16,7 @@ With ``--copies``, two copies are timed in the same alternation on a pool case, 
 of the copy's rate): gdnbench's copy reference (``--copy-reference``: a contiguous copy of the case's bytes)
 and an in-place bitwise NOT of each slot the case touches (in a pool of the same shape), which reads and
 writes where the kernel does, without its math. On an H100 that put the scattered-slot rows' ceiling 2%
-under the contiguous copy's (BENCHMARKS.md, twenty-fifth session).
+under the contiguous copy's.
 
     python -m examples.kernel_sweeps.recurrent_sweep decode -k "slots=scattered" --copies
 
@@ -47,7 +45,7 @@ from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timi
 
 # Bytes per program of the slot copy: 4 KB (2048 bf16 or 1024 fp32 elements) with 4 warps was within 1% of the
 # fastest of 512-8192 elements and 2-8 warps for both dtypes, contiguous and scattered slots, on an H100 and an
-# H200; 8 KB of fp32 ran 5% slower on the H200 (BENCHMARKS.md, twenty-sixth session).
+# H200; 8 KB of fp32 ran 5% slower on the H200.
 SLOT_COPY_BYTES = 4096
 
 

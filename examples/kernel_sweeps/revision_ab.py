@@ -1,12 +1,11 @@
 """The bundled kernels at a git revision against the working tree's, timed side by side.
 
-The A/B behind BENCHMARKS.md's "each commit against its parent" tables, for whoever changes a kernel
-next. ``git show REV:kernels/*.py`` is written to a temporary package and imported under its own name
-next to ``gdnbench_kernels``, and so is REV's adapter module of each backend given with -b (the two change
-together: an adapter calls its kernels' functions); then, for every case of SUITE that matches -k and
-every such backend, the backend is prepared (and autotuned) twice, REV's adapter on REV's package and
-the tree's on the tree's, checked against the suite's reference, and the two calls are timed
-interleaved (A B A B ...) with ``gdnbench run``'s timer (graph replay, L2 flushed). One row per (case,
+For whoever changes a kernel next. ``git show REV:kernels/*.py`` is written to a temporary package and
+imported under its own name next to ``gdnbench_kernels``, and so is REV's adapter module of each backend
+given with -b (the two change together: an adapter calls its kernels' functions); then, for every case of
+SUITE that matches -k and every such backend, the backend is prepared (and autotuned) twice, REV's adapter
+on REV's package and the tree's on the tree's, checked against the suite's reference, and the two calls are
+timed interleaved (A B A B ...) with ``gdnbench run``'s timer (graph replay, L2 flushed). One row per (case,
 backend): both medians, REV's time over the tree's (> 1: the working tree is faster), each side's relative
 RMS error of the output and the state and, where the two sides ran different code paths or configs (each
 side is autotuned on its own), both paths.
@@ -39,6 +38,7 @@ import torch
 from gdnbench.backends import Backend, Prepared, UnknownBackend, get_backend
 from gdnbench.check import Gate, reference_outputs
 from gdnbench.problem import Problem, make_problem
+from gdnbench.results import Status
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
 from gdnbench.timing import measure_interleaved
@@ -143,7 +143,7 @@ def row(case_id: str, backend: str, t_old: float, t_new: float, checks: list, pa
 
     line = (f"{case_id}  {backend}  {t_old:.1f}  {t_new:.1f}  {t_old / t_new:.3f}  {err('rel_err_o')}"
             f"  {err('rel_err_state')}")
-    if not all(r.status == "PASS" for r in checks):
+    if not all(r.status == Status.PASS for r in checks):
         line += "  " + "/".join(r.status for r in checks) + f" ({'; '.join(r.message for r in checks if r.message)})"
     if paths[0] != paths[1]:  # the parts ("; "-separated) that differ, e.g. the configs
         parts = [p.split("; ") for p in paths]

@@ -3,7 +3,7 @@
 ``demo.fla_chunk`` is ``fla.chunk`` (same envelope, same call) plus GDNBENCH_DEMO_EXTRA_PASSES extra
 copies of q, k and v inside the timed call (default 0: the same work as fla.chunk). Run a suite with it
 twice, once without and once with the variable set, and compare the two runs: the rows of fla.chunk
-in the same runs are the A/A control (BENCHMARKS.md, "Regression tracking on a GPU").
+in the same runs are the A/A control (docs/decisions/0003-compare-gates.md has such a run).
 
     gdnbench run parity --backends fla.chunk,examples.regression_demo.slowed_fla:demo_fla_chunk --out a
     GDNBENCH_DEMO_EXTRA_PASSES=1 gdnbench run parity --backends ... --out b

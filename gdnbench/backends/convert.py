@@ -1,7 +1,7 @@
 """Conversions between the canonical tensors and the conventions of third-party libraries.
 
-Every adapter converts in one place, here, outside the timed region (DESIGN.md section 2 and
-shared/reference/backends.md section 11): 3-D token-major layouts, cu_seqlens dtypes, log g vs
+Every adapter converts in one place, here, outside the timed region (docs/design.md,
+"Conventions"): 3-D token-major layouts, cu_seqlens dtypes, log g vs
 linear alpha, K-first vs V-first states, GVA head expansion, in-place state pools, raw gating.
 """
 

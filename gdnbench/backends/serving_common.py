@@ -1,7 +1,7 @@
 """Shared by the serving-engine adapters (vLLM's vendored FLA ops, SGLang's GDN ops, Modular MAX).
 
 Serving engines keep recurrent states in a slot pool that their kernels read and write in place,
-and each has its own conventions around it (reference/backends.md sections 4, 5, 9 and 11):
+and each has its own conventions around it:
 
 * vLLM: V-first pool ``[slots, HV, V, K]``; an index <= 0 is NULL_BLOCK_ID, so slot 0 is reserved
   and real slots start at 1; multi-token decode takes per-token indices ``[N, T]``.

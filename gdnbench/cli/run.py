@@ -16,7 +16,7 @@ from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
-from gdnbench.results import RunDir, RunDirError, RunFilesError, load_run
+from gdnbench.results import FAILED, RunDir, RunDirError, RunFilesError, Status, load_run
 from gdnbench.runner import RunOptions, run_case
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
 
@@ -152,7 +152,7 @@ def run(
                 progress.advance(task, len(chosen))
                 lost = runner.device_lost(dev)
                 if lost:
-                    culprit = next((f"{r['backend']}: {r['error']}" for r in rows if r.get("status") == "ERROR"), lost)
+                    culprit = next((f"{r.backend}: {r.error}" for r in rows if r.status == Status.ERROR), lost)
                     reason = f"the GPU context was lost during case {case.id} ({culprit}); rerun without that backend"
                     err_console.print(reason, style="bold red", markup=False, highlight=False)
                     for rest in todo[todo.index(case) + 1:]:
@@ -177,7 +177,7 @@ def run(
                   + (f"; dumps in {dump}" if dump else ""))
     if meta["status"] == "interrupted":
         raise typer.Exit(EXIT_INTERRUPTED)
-    failing = {"FAIL", "NAN"} | ({"ERROR", "OOM", "TIMEOUT"} if strict else set())
+    failing = FAILED if strict else {Status.FAIL, Status.NAN}
     broken = meta["status"] == "device lost" or df["status"].isin(failing).any()
     raise typer.Exit(EXIT_FAIL if broken else EXIT_OK)
 
