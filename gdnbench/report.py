@@ -13,7 +13,7 @@ from rich.text import Text
 from gdnbench.results import Status
 
 STATUS_STYLE = {Status.PASS: "green", Status.FAIL: "bold red", Status.NAN: "bold red", Status.ERROR: "red",
-                Status.OOM: "red", Status.TIMEOUT: "red", Status.SKIP: "dim"}
+                Status.OOM: "red", Status.TIMEOUT: "red", Status.CRASH: "bold red", Status.SKIP: "dim"}
 
 
 def cell_float(v: Any) -> float | None:

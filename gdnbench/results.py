@@ -36,6 +36,7 @@ class Status(str, Enum):
     ERROR = "ERROR"  # an exception; or never run, after the GPU context was lost (error starts with NOT_RUN)
     OOM = "OOM"  # out of GPU memory
     TIMEOUT = "TIMEOUT"  # past the suite's timeout_s
+    CRASH = "CRASH"  # the worker process died in it (a signal, an exit): gdnbench.worker
     SKIP = "SKIP"  # unavailable here, or the case is outside its envelope
 
     def __str__(self) -> str:
@@ -43,7 +44,9 @@ class Status(str, Enum):
 
 
 # the statuses of a backend that ran and went wrong (neither PASS nor SKIP)
-FAILED = frozenset({Status.FAIL, Status.NAN, Status.ERROR, Status.OOM, Status.TIMEOUT})
+FAILED = frozenset({Status.FAIL, Status.NAN, Status.ERROR, Status.OOM, Status.TIMEOUT, Status.CRASH})
+# the statuses of a run that did not finish its work: --resume --retry-failed runs their cases again
+UNFINISHED = frozenset({Status.ERROR, Status.OOM, Status.TIMEOUT, Status.CRASH})
 
 
 @dataclass
@@ -132,7 +135,7 @@ COLUMNS = ROW_COLUMNS + CASE_COLUMNS
 NOT_RUN = "not run: "  # how the error of an ERROR row for a case that was never started begins
 
 
-RUN_FILES = ("results.csv", "samples.jsonl", "run.json")
+RUN_FILES = ("results.csv", "samples.jsonl", "run.json", "worker.log")
 # what the other commands write beside a run (plot, report): stale once the run is replaced
 DERIVED_FILES = ("plot.png", "report.html")
 LOCK_FILE = ".gdnbench.lock"
@@ -183,18 +186,20 @@ class RunDir:
         self._lock.close()
 
     @classmethod
-    def resume(cls, path: Path, backends: list[str]) -> tuple[RunDir, set[str]]:
+    def resume(cls, path: Path, backends: list[str], retry: frozenset[str] = frozenset()
+               ) -> tuple[RunDir, set[str]]:
         """The unfinished run in ``path`` reopened to go on: each case with a row for every one of
         ``backends`` is kept (its rows as written, its samples), any other case's rows are dropped, so
         that a case is run again whole and its rows and speedups always come from one session.
         Returns the run and the ids of the cases kept. A case that was never started (after a lost GPU
-        context) has rows but is not kept."""
+        context) has rows but is not kept, nor is a case with a row whose status is in ``retry``."""
         with open(path / "results.csv", newline="") as f:
             rows = [r for r in csv.DictReader(f) if not (r.get("error") or "").startswith(NOT_RUN)]
         have: dict[str, set[str]] = {}
         for r in rows:
             have.setdefault(r["case_id"], set()).add(r["backend"])
-        done = {case for case, names in have.items() if names >= set(backends)}
+        retried = {r["case_id"] for r in rows if r["status"] in retry}
+        done = {case for case, names in have.items() if names >= set(backends) and case not in retried}
         samples = [s for s in load_samples(path) if s["case_id"] in done]
         run = cls(path)
         run._append([r for r in rows if r["case_id"] in done], samples)

@@ -73,8 +73,23 @@ def select_cases(suite: Suite, pattern: str | None) -> list[Case]:
     return [c for c in suite.cases if pattern in c.id]
 
 
+@dataclass(frozen=True)
+class Step:
+    """What a case is doing now: building its inputs and reference, running one backend (its first call,
+    check and, unless interleaved, timing), or timing several together. The worker reports each to the parent,
+    which limits its time and blames a crash on its backends."""
+
+    stage: str  # "inputs", "backend" or "timing"
+    backends: tuple[str, ...]
+    case_id: str
+
+    def __str__(self) -> str:
+        what = {"inputs": "inputs + reference", "timing": "timing " + " vs ".join(self.backends)}
+        return f"{what.get(self.stage, ', '.join(self.backends))}  {self.case_id}"
+
+
 def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
-             on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[Row], list[dict]]:
+             on_step: Callable[[Step], None] = lambda _s: None) -> tuple[list[Row], list[dict]]:
     """Rows and raw samples for one case, one row per backend; each row's ``case_s`` is the case's wall time
     (inputs, reference, error floor, every backend's calls, checks and timing)."""
     start = time.perf_counter()
@@ -85,9 +100,10 @@ def run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOpt
 
 
 def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
-              on_step: Callable[[str], None]) -> tuple[list[Row], list[dict]]:
+              on_step: Callable[[Step], None]) -> tuple[list[Row], list[dict]]:
     rows: list[Row] = []
     samples: list[dict] = []
+    on_step(Step("inputs", tuple(b.name for b in backends), case.id))
     try:
         problem = make_problem(case, opts.seed, opts.device)
         gate = Gate(problem, reference_outputs(problem, suite.reference), suite.tolerances)
@@ -96,12 +112,12 @@ def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOp
         status = Status.OOM if isinstance(e, torch.OutOfMemoryError) else Status.ERROR
         msg = f"building inputs/reference failed: {type(e).__name__}: {e}"
         _free(opts.device)
-        return [_row(case, suite, opts.device, b.name, status=status, error=msg) for b in backends], []
+        return status_rows(case, [b.name for b in backends], suite, opts.device, status, msg), []
 
     dumped: dict[str, dict[str, torch.Tensor | None]] = {}
     waiting: list[Checked] = []  # to be timed together (interleaved)
     for b in backends:
-        on_step(f"{b.name}  {case.id}")
+        on_step(Step("backend", (b.name,), case.id))
         row = _row(case, suite, opts.device, b.name, version=b.version())
         if b.triton and opts.device.type == "cpu":
             # Triton on a CPU runs in its interpreter: the check means something, the time does not
@@ -127,6 +143,7 @@ def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOp
                     _time([item], case, opts, samples, gate)
 
     if waiting:
+        on_step(Step("timing", tuple(item.row.backend for item in waiting), case.id))
         with _errors_become_rows([item.row for item in waiting], opts.device, free=True):
             with time_limit(suite.timing.timeout_s * len(waiting)):
                 _time(waiting, case, opts, samples, gate)
@@ -317,7 +334,13 @@ def device_lost(device: torch.device) -> str | None:
 def not_run_rows(case: Case, backends: Sequence[Backend], suite: Suite, device: torch.device,
                  reason: str) -> list[Row]:
     """ERROR rows for a case that was never started."""
-    return [_row(case, suite, device, b.name, status=Status.ERROR, error=NOT_RUN + reason) for b in backends]
+    return status_rows(case, [b.name for b in backends], suite, device, Status.ERROR, NOT_RUN + reason)
+
+
+def status_rows(case: Case, names: Sequence[str], suite: Suite, device: torch.device, status: Status,
+                error: str) -> list[Row]:
+    """One row per backend name, each with ``status`` and ``error`` and nothing measured."""
+    return [_row(case, suite, device, name, status=status, error=error) for name in names]
 
 
 def _row(case: Case, suite: Suite, device: torch.device, backend: str, **cols: Any) -> Row:

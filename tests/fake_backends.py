@@ -177,3 +177,24 @@ def interrupt(p):
                 raise RuntimeError("operation failed due to a previous error during capture") from None
             raise
     return ok.prepare(p)
+
+
+@backend("fake.segfault", **ANY)
+def segfault(p):
+    import ctypes
+
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+@backend("fake.exits", **ANY)
+def exits(p):
+    print("fake.exits: leaving without a word", file=__import__("sys").stderr, flush=True)
+    os._exit(3)
+
+
+@backend("fake.native_hang", **ANY)
+def native_hang(p):
+    # a hang the Python-level limit cannot end, as one inside a library's C code: SIGALRM never gets through
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(3600)
+

@@ -29,9 +29,10 @@ def write_suite(tmp_path, backends, cases=CASES, **extra):
 
 
 def run(*args):
-    # CPU unless a test says otherwise, so the suite means the same on a GPU machine
+    # CPU unless a test says otherwise, so the suite means the same on a GPU machine; in this process, so
+    # that the tests' monkeypatches reach the backends (tests/test_isolation.py runs the worker)
     device = [] if "--device" in args else ["--device", "cpu"]
-    return runner.invoke(app, ["run", *map(str, args), *device])
+    return runner.invoke(app, ["run", *map(str, args), *device, "--no-isolate"])
 
 
 def test_smoke_suite_runs_and_writes_everything(tmp_path):
@@ -84,12 +85,13 @@ def test_errors_alone_exit_zero_unless_strict(tmp_path):
 
 
 def test_a_lost_gpu_context_stops_the_run_and_says_why(tmp_path, monkeypatch):
-    """After a sticky CUDA error every later call fails: the remaining cases become 'not run' rows that
-    name the case and backend where the context was lost, what was measured is kept, and the exit is 1."""
-    from gdnbench import runner as runner_mod
+    """In the gdnbench process (--no-isolate), after a sticky CUDA error every later call fails: the remaining
+    cases become 'not run' rows that name the case and backend where the context was lost, what was measured
+    is kept, and the exit is 1. (With the worker, a fresh worker goes on.)"""
+    from gdnbench import worker as worker_mod
 
     probes = iter([None, "AcceleratorError: CUDA error: an illegal memory access was encountered"])
-    monkeypatch.setattr(runner_mod, "device_lost", lambda _dev: next(probes))
+    monkeypatch.setattr(worker_mod, "device_lost", lambda _dev: next(probes))
     suite = write_suite(tmp_path, ["torch.recurrent", "tests.fake_backends:raises"])
     res = run(suite, "--out", tmp_path / "out")
     assert res.exit_code == 1, res.output
@@ -105,7 +107,7 @@ def test_a_lost_gpu_context_stops_the_run_and_says_why(tmp_path, monkeypatch):
     meta = json.loads((tmp_path / "out" / "run.json").read_text())
     assert meta["status"] == "device lost" and meta["device_lost"] in reason
     # --resume (in a fresh process, the device fine again) runs the cases that were never started
-    monkeypatch.setattr(runner_mod, "device_lost", lambda _dev: None)
+    monkeypatch.setattr(worker_mod, "device_lost", lambda _dev: None)
     res = run(suite, "--out", tmp_path / "out", "--resume")
     df = pd.read_csv(tmp_path / "out" / "results.csv")
     assert len(df) == 2 * len(CASES) and not df.error.str.startswith("not run").any(), res.output

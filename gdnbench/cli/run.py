@@ -16,8 +16,9 @@ from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
-from gdnbench.results import FAILED, RunDir, RunDirError, RunFilesError, Status, load_run
-from gdnbench.runner import RunOptions, run_case
+from gdnbench.results import FAILED, UNFINISHED, RunDir, RunDirError, RunFilesError, Status, load_run
+from gdnbench.runner import RunOptions
+from gdnbench.worker import WORKER_LOG, CaseWorker, run_in_process
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
 
 
@@ -69,6 +70,14 @@ def run(
         False, help="Go on with the unfinished run in --out: the same command again runs only the cases "
                     "it has no complete set of rows for (a case is never split between sessions); "
                     "run.json lists the earlier sessions."),
+    isolate: bool = typer.Option(
+        True, "--isolate/--no-isolate",
+        help="Run the cases in a worker process (default), so that a backend that crashes, exits or hangs in "
+             "native code becomes a CRASH or TIMEOUT row and the run goes on; its stderr goes to worker.log. "
+             "--no-isolate runs them in this process (a debugger sees them; a crash ends the run)."),
+    retry_failed: bool = typer.Option(
+        False, "--retry-failed", help="With --resume: run again the cases that have a CRASH, TIMEOUT, ERROR "
+                                      "or OOM row (otherwise kept as they are)."),
     force: bool = typer.Option(
         False, "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot "
                                "and report made from them. Without it, an --out that holds a run exits 2."),
@@ -78,6 +87,8 @@ def run(
     Exit code: 0 all checked rows pass, 1 a row FAILs (or with --strict errors), 2 bad input,
     130 interrupted by Ctrl-C or SIGTERM (rows measured so far are saved; --resume goes on from them).
     """
+    if retry_failed and not resume:
+        die("--retry-failed goes with --resume")
     if resume and force:
         die("--resume goes on with the run in --out, --force replaces it: give one of them")
     sel = select(suite_spec, backends, filter_)
@@ -114,7 +125,7 @@ def run(
         if earlier is None:
             run_dir = RunDir.create(out, Path("results") / f"{suite.name}-{stamp}", force=force)
         else:
-            run_dir, done = RunDir.resume(out, [b.name for b in chosen])
+            run_dir, done = RunDir.resume(out, [b.name for b in chosen], UNFINISHED if retry_failed else frozenset())
     except (RunDirError, RunFilesError) as e:
         die(f"--out: {e}")
     ceilings = measure_ceilings(dev)
@@ -141,17 +152,21 @@ def run(
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
     task = progress.add_task("starting", total=len(todo) * len(chosen))
+    worker = CaseWorker(run_dir.path / WORKER_LOG, {b.name: n for n, b in zip(names, chosen)}) if isolate else None
     try:
         with sigterm_as_interrupt(), progress:
             for case in todo:
                 def step(desc: str) -> None:
                     progress.update(task, description=desc[:90])
 
-                rows, samples = run_case(case, chosen, suite, opts, on_step=step)
+                execute = worker.run_case if worker is not None else run_in_process
+                rows, samples, lost = execute(case, chosen, suite, opts, on_step=step)
                 run_dir.add_case(rows, samples)
                 progress.advance(task, len(chosen))
-                lost = runner.device_lost(dev)
-                if lost:
+                if lost and worker is not None:  # the next case gets a fresh worker, with a context of its own
+                    err_console.print(f"the GPU context was lost during case {case.id} ({lost}); a new worker "
+                                      "goes on", style="red", markup=False, highlight=False)
+                elif lost:
                     culprit = next((f"{r.backend}: {r.error}" for r in rows if r.status == Status.ERROR), lost)
                     reason = f"the GPU context was lost during case {case.id} ({culprit}); rerun without that backend"
                     err_console.print(reason, style="bold red", markup=False, highlight=False)
@@ -164,6 +179,8 @@ def run(
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
     finally:
+        if worker is not None:
+            worker.close()
         meta["finished_utc"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         run_dir.write_meta(meta)
         run_dir.close()

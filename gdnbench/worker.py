@@ -1,0 +1,186 @@
+"""Cases run in a worker process, so that a crash, an exit or a native hang becomes a row, not the run's end.
+
+``gdnbench run`` keeps one worker for the run (a spawned process: a CUDA context of its own) and sends it one
+case at a time; the worker builds the inputs and the reference and runs every backend (``runner.run_case``),
+reporting each step (``runner.Step``). One worker runs all of a case's backends because interleaved timing
+(A B A B ...) needs them in one process, and the reference is built once per case.
+
+The parent watches it. A worker that dies (a signal such as SIGSEGV, ``os._exit``, an abort in a library) or
+that reports nothing for longer than its step may take (a hang in native code, which the worker's own
+Python-level limit cannot interrupt) is killed; the backends of the step it was in get a CRASH or TIMEOUT row
+with the cause and the worker's last stderr lines, and a fresh worker runs the case's other backends again.
+Building the inputs and the reference is a step too, limited by the suite's ``timeout_s``. A worker whose
+CUDA context is lost (a sticky error such as an illegal memory access) is replaced before the next case.
+
+The worker's stderr (library warnings, compiler messages) goes to ``worker.log`` in the run directory.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from gdnbench.backends import Backend, get_backend
+from gdnbench.results import Row, Status
+from gdnbench.runner import RunOptions, Step, device_lost, run_case, status_rows
+from gdnbench.suite import Case, Suite
+
+WORKER_LOG = "worker.log"
+START_S = 300.0  # a fresh worker imports torch and the backends' libraries before its first step
+GRACE_S = 10.0  # past a step's own limit: the worker's Python-level limit gets to make a TIMEOUT row first
+TAIL_LINES = 6  # of the worker's stderr, on a CRASH row
+
+
+class HarnessError(RuntimeError):
+    """An exception in the harness's own code inside the worker (not a backend's): a bug to report."""
+
+
+class CaseWorker:
+    """A worker process that runs cases for the parent; started on first use, replaced when it dies.
+
+    ``specs`` maps each backend's name to what the worker loads it by (``get_backend``): its registered
+    name, or the ``module:attribute`` it was given as."""
+
+    def __init__(self, log: Path, specs: dict[str, str]) -> None:
+        self.log = log
+        self.specs = specs
+        self._proc: multiprocessing.process.BaseProcess | None = None
+        self._conn: multiprocessing.connection.Connection | None = None
+
+    def run_case(self, case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
+                 on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[Row], list[dict], str | None]:
+        """Rows (in ``backends``' order) and samples of ``case``, and why the worker's CUDA context was lost
+        after it (None if it was not)."""
+        start = time.perf_counter()
+        failed: dict[str, Row] = {}
+        while True:
+            todo = [b.name for b in backends if b.name not in failed]
+            if not todo:
+                rows, samples, lost = [], [], None
+                break
+            outcome = self._attempt(case, todo, suite, opts, on_step)
+            if outcome[0] == "done":
+                _, rows, samples, lost = outcome
+                if lost:
+                    self.close()  # its context is gone: the next case gets a fresh process
+                break
+            _, step, status, error = outcome
+            self.close()
+            names = todo if step is None or step.stage == "inputs" else list(step.backends)
+            failed.update((r.backend, r) for r in status_rows(case, names, suite, opts.device, status, error))
+        by_name = {r.backend: r for r in [*rows, *failed.values()]}
+        ordered = [by_name[b.name] for b in backends]
+        for r in failed.values():
+            r.case_s = round(time.perf_counter() - start, 3)
+        return ordered, samples, lost
+
+    def close(self) -> None:
+        """Stop the worker (killed if it does not leave at once)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(timeout=10)
+            self._proc = None
+
+    def _attempt(self, case: Case, names: list[str], suite: Suite, opts: RunOptions,
+                 on_step: Callable[[str], None]) -> tuple[Any, ...]:
+        """("done", rows, samples, lost) or ("died", step, status, error)."""
+        self._start()
+        assert self._conn is not None and self._proc is not None
+        self._conn.send((case, [self.specs.get(n, n) for n in names], suite, opts))
+        step: Step | None = None
+        deadline = time.monotonic() + START_S
+        while True:
+            if self._conn.poll(0.2):
+                try:
+                    kind, *payload = self._conn.recv()
+                except EOFError:
+                    return ("died", step, Status.CRASH, self._death())
+                if kind == "step":
+                    step = payload[0]
+                    on_step(str(step))
+                    deadline = time.monotonic() + _step_limit(step, suite)
+                elif kind == "done":
+                    return ("done", *payload)
+                else:
+                    raise HarnessError(f"the harness failed in its worker:\n{payload[0]}")
+            elif not self._proc.is_alive():
+                return ("died", step, Status.CRASH, self._death())
+            elif time.monotonic() > deadline:
+                limit = _step_limit(step, suite) if step else START_S
+                what = "building the inputs and the reference" if step and step.stage == "inputs" else "it"
+                return ("died", step, Status.TIMEOUT,
+                        f"no answer in {limit:g} s: {what} hung outside Python, so the worker was killed")
+
+    def _start(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            return
+        self.close()
+        parent, child = multiprocessing.Pipe()
+        self._proc = multiprocessing.get_context("spawn").Process(
+            target=_serve, args=(child, str(self.log)), name="gdnbench-worker", daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def _death(self) -> str:
+        assert self._proc is not None
+        self._proc.join(timeout=10)
+        code = self._proc.exitcode
+        if code is not None and code < 0:
+            cause = f"the worker was killed by {signal.Signals(-code).name}"
+        else:
+            cause = f"the worker exited with code {code}"
+        tail = _tail(self.log, TAIL_LINES)
+        return cause + (f"; its last stderr lines: {' | '.join(tail)}" if tail else "")
+
+
+def run_in_process(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
+                   on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[Row], list[dict], str | None]:
+    """``CaseWorker.run_case`` without a worker (``--no-isolate``): a crash or a native hang ends the run."""
+    rows, samples = run_case(case, backends, suite, opts, on_step=lambda s: on_step(str(s)))
+    return rows, samples, device_lost(opts.device)
+
+
+def _step_limit(step: Step, suite: Suite) -> float:
+    if step.stage == "inputs":
+        return suite.timing.timeout_s
+    return suite.timing.timeout_s * max(1, len(step.backends)) + GRACE_S
+
+
+def _tail(path: Path, n: int) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line.strip()[:300] for line in lines if line.strip()][-n:]
+
+
+def _serve(conn: multiprocessing.connection.Connection, log: str) -> None:
+    """The worker: run each case it is sent, report each step, answer with the rows."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the worker
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    while True:
+        try:
+            case, specs, suite, opts = conn.recv()
+        except EOFError:
+            return
+        try:
+            backends = [get_backend(spec) for spec in specs]
+            rows, samples = run_case(case, backends, suite, opts, on_step=lambda s: conn.send(("step", s)))
+            conn.send(("done", rows, samples, device_lost(opts.device)))
+        except BaseException:
+            conn.send(("failed", traceback.format_exc()))
+            return

@@ -1,0 +1,79 @@
+"""Fault injection through the worker process: every way a backend can go wrong becomes its row, the run
+completes, and --resume keeps the rows (or, with --retry-failed, runs those cases again)."""
+
+import csv
+import json
+
+import pandas as pd
+import yaml
+from typer.testing import CliRunner
+
+from gdnbench.cli import app
+from gdnbench.results import UNFINISHED, RunDir
+
+FAULTS = {  # backend -> (status, what its error must say)
+    "torch.recurrent": ("PASS", ""),
+    "tests.fake_backends:raises": ("ERROR", "boom: the kernel exploded"),
+    "tests.fake_backends:nan": ("NAN", ""),
+    "tests.fake_backends:wrong": ("FAIL", ""),
+    "tests.fake_backends:slow": ("TIMEOUT", "exceeded the 2 s limit"),
+    "tests.fake_backends:native_hang": ("TIMEOUT", "hung outside Python, so the worker was killed"),
+    "tests.fake_backends:exits": ("CRASH", "exited with code 3; its last stderr lines: fake.exits: leaving"),
+    "tests.fake_backends:segfault": ("CRASH", "killed by SIGSEGV"),
+}
+
+
+def test_every_fault_becomes_its_row_and_the_run_completes(tmp_path):
+    suite = tmp_path / "faults.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "faults", "backends": list(FAULTS), "baseline": "torch.recurrent",
+        "timing": {"warmup": 1, "min_samples": 2, "max_samples": 3, "min_time_s": 0.0, "max_time_s": 0.3,
+                   "timeout_s": 2},
+        "cases": [
+            {"B": 1, "T": 6, "H": 1, "HV": 2, "D": 8, "dtype": "fp32"},
+            # inputs and a reference that take longer than timeout_s: the parent stops the worker
+            {"B": 1, "T": 2_000_000, "H": 1, "HV": 1, "D": 8, "dtype": "fp32"},
+        ]}))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--out", str(out)])
+    assert res.exit_code == 1, res.output  # FAIL and NAN rows; the run itself went through
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete"
+    df = pd.read_csv(out / "results.csv")
+    first = df[df["T"] == 6].set_index("backend")
+    for name, (status, needle) in FAULTS.items():
+        row = first.loc[_registered_name(name)]
+        assert row.status == status, (name, row.status, row.error)
+        assert needle in str(row.error), (name, row.error)
+    huge = df[df["T"] == 2_000_000]
+    assert set(huge.status) == {"TIMEOUT"} and len(huge) == len(FAULTS)
+    assert huge.error.str.contains("building the inputs and the reference").all()
+
+    # --resume keeps the crashed rows as they are: nothing runs again
+    (out / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    before = (out / "results.csv").read_text()
+    res = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--out", str(out), "--resume"])
+    assert res.exit_code == 1, res.output
+    assert (out / "results.csv").read_text() == before
+
+
+def _registered_name(spec: str) -> str:
+    """The row name of a backend given as module:attribute (its Backend's own name, e.g. fake.raises)."""
+    from gdnbench.backends import get_backend
+
+    return get_backend(spec).name
+
+
+def test_retry_failed_runs_unfinished_cases_again(tmp_path):
+    rows = [{"case_id": "a", "backend": "x", "status": "PASS"}, {"case_id": "a", "backend": "y", "status": "CRASH"},
+            {"case_id": "b", "backend": "x", "status": "PASS"}, {"case_id": "b", "backend": "y", "status": "FAIL"}]
+    with open(tmp_path / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["case_id", "backend", "status"])
+        w.writeheader()
+        w.writerows(rows)
+    run, kept = RunDir.resume(tmp_path, ["x", "y"])
+    run.close()
+    assert kept == {"a", "b"}
+    run, kept = RunDir.resume(tmp_path, ["x", "y"], UNFINISHED)
+    run.close()
+    assert kept == {"b"}  # a FAIL is a result; a CRASH is not
