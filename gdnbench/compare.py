@@ -23,7 +23,7 @@ import pandas as pd
 from rich.table import Table
 from rich.text import Text
 
-from gdnbench.report import STATUS_STYLE, cell_float, fmt_us
+from gdnbench.report import STATUS_STYLE, cell_float, fmt_us, table_unit
 from gdnbench.results import FAILED, SCHEMA_VERSION, RunFilesError, Status, load_run, load_samples
 from gdnbench.stats import mann_whitney_u, median_ratio_ci
 
@@ -187,14 +187,14 @@ def summary_line(df: pd.DataFrame) -> str:
     return "  ".join(f"{v}: {n}" for v, n in counts(df).items()) or "no rows"
 
 
-def _side(status: Any, median: Any) -> str:
+def _side(status: Any, median: Any, unit: str) -> str:
     """A side's cell: the median when it passed, else its status (and median, if it was timed)."""
     if not isinstance(status, str):
         return "-"
     med = cell_float(median)
     if status == Status.PASS and med is not None:
-        return fmt_us(med)
-    return status if med is None else f"{status} {fmt_us(med)}"
+        return fmt_us(med, unit)
+    return status if med is None else f"{status} {fmt_us(med, unit)}"
 
 
 def _ratio(r: pd.Series) -> str:
@@ -207,15 +207,19 @@ def _p(r: pd.Series) -> str:
     return "-" if pd.isna(r["p_value"]) else f"{r['p_value']:.2g}"
 
 
-def _cells(r: pd.Series) -> list[str]:
-    return [str(r["case_id"]), str(r["backend"]), _side(r["base_status"], r["base_median_us"]),
-            _side(r["new_status"], r["new_median_us"]), _ratio(r), _p(r), str(r["verdict"])]
+def _cells(r: pd.Series, unit: str) -> list[str]:
+    return [str(r["case_id"]), str(r["backend"]), _side(r["base_status"], r["base_median_us"], unit),
+            _side(r["new_status"], r["new_median_us"], unit), _ratio(r), _p(r), str(r["verdict"])]
+
+
+def _unit(df: pd.DataFrame) -> str:
+    return table_unit([*df["base_median_us"], *df["new_median_us"]])
 
 
 def _caption(df: pd.DataFrame, alpha: float) -> str:
     modes = ", ".join(sorted({f"{t}/L2 {l2}" for t, l2 in zip(df["timer"], df["l2"]) if t}))
     thr = ", ".join(sorted({f"{100 * t:g}%" for t in df["threshold"]}))
-    return (f"median us ({modes}); ratio > 1 is slower; SLOWER/FASTER need |ratio - 1| >= {thr} "
+    return (f"median {_unit(df)} ({modes}); ratio > 1 is slower; SLOWER/FASTER need |ratio - 1| >= {thr} "
             f"and Mann-Whitney p < {alpha:g}")
 
 
@@ -224,7 +228,7 @@ def comparison_table(df: pd.DataFrame, base: Run, new: Run, alpha: float) -> Tab
     for i, h in enumerate(HEADERS):
         table.add_column(h, justify="right" if i in NUMERIC else "left", overflow="fold")
     for _, r in df.iterrows():
-        cells = _cells(r)
+        cells = _cells(r, _unit(df))
         table.add_row(*cells[:2],
                       Text(cells[2], style=STATUS_STYLE.get(str(r["base_status"]), "")),
                       Text(cells[3], style=STATUS_STYLE.get(str(r["new_status"]), "")),
@@ -238,7 +242,7 @@ def markdown(df: pd.DataFrame, base: Run, new: Run, alpha: float) -> str:
 
     def table(rows: pd.DataFrame) -> list[str]:
         return ["| " + " | ".join(HEADERS) + " |", rule,
-                *("| " + " | ".join(_cells(r)) + " |" for _, r in rows.iterrows())]
+                *("| " + " | ".join(_cells(r, _unit(df))) + " |" for _, r in rows.iterrows())]
 
     changed = df[df["verdict"] != "SAME"]
     lines = [f"**gdnbench compare** `{base.path}` -> `{new.path}`: "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from gdnbench.report import table_grid
+from gdnbench.report import short_labels, table_grid
 from gdnbench.results import Status
 
 if TYPE_CHECKING:
@@ -37,32 +37,6 @@ def require_matplotlib() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise PlotUnavailable(f"plots need matplotlib, which is not installed: {INSTALL_HINT}") from None
-
-
-def short_labels(case_ids: Sequence[str]) -> tuple[list[str], str]:
-    """(one x-axis label per case id, the parts every case shares).
-
-    An id is split into its path parts (``prefill/padded``) and its comma parts (``B=4,T=2048,...``);
-    the parts found in every id are dropped from the labels, as they say nothing about the difference
-    between cases, and returned once for the figure's title. A lone case keeps its whole id.
-    """
-    if len(case_ids) < 2:
-        return list(case_ids), ""
-    tokens = [_tokens(c) for c in case_ids]
-    shared = set.intersection(*(set(t) for t in tokens))
-    return [_join([t for t in ts if t not in shared]) or c for c, ts in zip(case_ids, tokens)], \
-        _join([t for t in tokens[0] if t in shared])
-
-
-def _tokens(case_id: str) -> list[tuple[str, str]]:
-    *path, fields = case_id.split("/")
-    return [("path", p) for p in path] + [("field", f) for f in fields.split(",") if f]
-
-
-def _join(tokens: list[tuple[str, str]]) -> str:
-    path = " ".join(v for kind, v in tokens if kind == "path")
-    fields = ",".join(v for kind, v in tokens if kind == "field")
-    return f"{path} {fields}".strip()
 
 
 def backend_styles(backends: Sequence[str]) -> dict[str, tuple[str, str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -25,19 +26,51 @@ def cell_float(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def fmt_us(us: float | None) -> str:
+def table_unit(values_us: Iterable[Any]) -> str:
+    """The one unit of a table's times: ms once any reaches 10 ms, else us."""
+    times = [f for f in map(cell_float, values_us) if f is not None]
+    return "ms" if times and max(times) >= 10_000 else "us"
+
+
+def fmt_us(us: float | None, unit: str = "us") -> str:
+    """A time given in us, written in ``unit`` (no suffix: the table's header or caption names the unit)."""
     if us is None:
         return "-"
-    if us >= 10_000:
-        return f"{us / 1000:.1f}ms"
-    return f"{us:.1f}" if us < 1000 else f"{us:.0f}"
+    value = us / 1000 if unit == "ms" else us
+    return f"{value:.1f}" if value < 1000 else f"{value:.0f}"
 
 
-def _cell(r: pd.Series) -> Text:
+def short_labels(case_ids: Sequence[str]) -> tuple[list[str], str]:
+    """(one label per case id, the parts every case shares).
+
+    An id is split into its path parts (``prefill/padded``) and its comma parts (``B=4,T=2048,...``);
+    the parts found in every id are dropped from the labels, as they say nothing about the difference
+    between cases, and returned once, for a table's or figure's title. A lone case keeps its whole id.
+    """
+    if len(case_ids) < 2:
+        return list(case_ids), ""
+    tokens = [_tokens(c) for c in case_ids]
+    shared = set.intersection(*(set(t) for t in tokens))
+    return [_join([t for t in ts if t not in shared]) or c for c, ts in zip(case_ids, tokens)], \
+        _join([t for t in tokens[0] if t in shared])
+
+
+def _tokens(case_id: str) -> list[tuple[str, str]]:
+    *path, fields = case_id.split("/")
+    return [("path", p) for p in path] + [("field", f) for f in fields.split(",") if f]
+
+
+def _join(tokens: list[tuple[str, str]]) -> str:
+    path = " ".join(v for kind, v in tokens if kind == "path")
+    fields = ",".join(v for kind, v in tokens if kind == "field")
+    return f"{path} {fields}".strip()
+
+
+def _cell(r: pd.Series, unit: str) -> Text:
     status = str(r["status"])
     med, p95 = cell_float(r.get("median_us")), cell_float(r.get("p95_us"))
     if status == Status.PASS and med is not None:
-        t = Text(f"{fmt_us(med)} / {fmt_us(p95)}")
+        t = Text(f"{fmt_us(med, unit)} / {fmt_us(p95, unit)}")
         sp = cell_float(r.get("speedup"))
         if sp is not None and r["backend"] != r.get("baseline"):
             t.append(f"  {sp:.2f}x", style="bold green" if sp >= 1 else "yellow")
@@ -47,7 +80,7 @@ def _cell(r: pd.Series) -> Text:
             t.append(" interp", style="dim")  # Triton interpreter on a CPU: the time means nothing
         return t
     if status == Status.FAIL and med is not None:
-        return Text(f"FAIL {fmt_us(med)}", style=STATUS_STYLE[Status.FAIL])
+        return Text(f"FAIL {fmt_us(med, unit)}", style=STATUS_STYLE[Status.FAIL])
     return Text(status if status != Status.SKIP else "skip", style=STATUS_STYLE.get(status, ""))
 
 
@@ -60,24 +93,27 @@ def table_grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[s
     timers = ", ".join(sorted({f"{t}/L2 {l2}" for t, l2 in zip(timed.get("timer", []), timed.get("l2", []))}))
     suite = df["suite"].iloc[0] if len(df) else "?"
     title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
-    caption = "median / p95 in us" + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)"
+    unit = table_unit([*df.get("median_us", []), *df.get("p95_us", [])])
+    caption = f"median / p95 in {unit}" + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)"
                                       if baselines else "") + "; ~ = did not converge; interp = Triton interpreter"
     headers = [b + (" (base)" if b in baselines else "") for b in backends]
     rows = []
     for case_id, group in df.groupby("case_id", sort=False):
         by_backend = {r["backend"]: r for _, r in group.iterrows()}
-        rows.append((str(case_id), [_cell(by_backend[b]) if b in by_backend else Text("") for b in backends]))
+        rows.append((str(case_id), [_cell(by_backend[b], unit) if b in by_backend else Text("") for b in backends]))
     return title, caption, headers, rows
 
 
 def results_table(df: pd.DataFrame, meta: dict[str, Any]) -> Table:
+    """The run's table for a terminal: a case is labelled by what sets it apart, the rest said once above."""
     title, caption, headers, rows = table_grid(df, meta)
-    table = Table(title=title, caption=caption, header_style="bold")
+    labels, shared = short_labels([case_id for case_id, _ in rows])
+    table = Table(title=title + (f"\nevery case: {shared}" if shared else ""), caption=caption, header_style="bold")
     table.add_column("case", overflow="fold")
     for h in headers:
         table.add_column(h, justify="right")
-    for case_id, cells in rows:
-        table.add_row(case_id, *cells)
+    for label, (_, cells) in zip(labels, rows):
+        table.add_row(label, *cells)
     return table
 
 

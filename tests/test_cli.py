@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gdnbench.cli import app
+from gdnbench.report import short_labels
 from gdnbench.results import COLUMNS, Status
 from tests.fake_backends import Interrupt
 
@@ -56,7 +57,8 @@ def test_smoke_suite_runs_and_writes_everything(tmp_path):
     first = df.iloc[0]
     match = next(s for s in samples if s["case_id"] == first["case_id"] and s["backend"] == first["backend"])
     assert len(match["samples_us"]) == first["n"]
-    assert "prefill/padded/B=2,T=40" in res.output
+    _, shared = short_labels(list(df["case_id"].unique()))
+    assert f"every case: {shared}" in res.output  # said once above the table, not on every row
 
 
 def test_misbehaving_backends_become_rows_and_the_run_goes_on(tmp_path):

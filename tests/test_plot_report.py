@@ -7,12 +7,13 @@ import sys
 
 import pytest
 import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
 from gdnbench.cli.html import report
 from gdnbench.cli.plot import plot
-from gdnbench.plot import short_labels
-from gdnbench.results import Row, RunDir, Status
+from gdnbench.report import fmt_us, results_table, short_labels, table_unit
+from gdnbench.results import Row, RunDir, Status, load_run
 
 runner = CliRunner()
 app = typer.Typer()
@@ -81,6 +82,21 @@ def run_dir(tmp_path):
     return out.path
 
 
+def test_one_unit_per_table():
+    assert table_unit([999.0, "9999.9", None, float("nan")]) == "us" and table_unit([10_000.0, 5.0]) == "ms"
+    assert fmt_us(12_345.0, "ms") == "12.3" and fmt_us(12_345.0, "us") == "12345" and fmt_us(5.25) == "5.2"
+
+
+def test_the_terminal_table_labels_a_case_by_what_sets_it_apart(run_dir):
+    df, meta = load_run(run_dir)
+    console = Console(width=200, record=True)
+    console.print(results_table(df, meta))
+    text = console.export_text()
+    assert "every case: prefill H=16,HV=32,K=128,V=128,bf16,gn=1,mp=0" in text
+    assert "padded B=4,T=8192" in text and "varlen N=8,T=4096" in text
+    assert CASES[1][0] not in text  # the whole id is not repeated on every row
+
+
 def test_short_labels_drop_what_every_case_shares():
     labels, shared = short_labels([c for c, _, _ in CASES])
     assert shared == "prefill H=16,HV=32,K=128,V=128,bf16,gn=1,mp=0"
@@ -113,7 +129,8 @@ def test_report_html_holds_tables_provenance_and_plot(run_dir, tmp_path):
         assert html.escape(case_id) in text
     assert DEVICE in text and "qwen3-next" in text
     assert "0123456789abcdef0123456789abcdef01234567" in text and "575.57.08" in text and "2987" in text
-    assert "0.09x" in text and "1.61x" in text and "FAIL 13.1ms" in text  # cells from report.table_grid
+    assert "0.09x" in text and "1.61x" in text and "FAIL 13.1" in text  # cells from report.table_grid
+    assert "median / p95 in ms" in text  # one unit for the whole table, named once
     assert html.escape(FAIL_REASON) in text and html.escape(SKIP_REASON) in text
     assert "<unsupported>" not in text  # escaped, not markup
     img = re.search(r'<img [^>]*src="data:image/png;base64,([A-Za-z0-9+/=]+)"', text)
