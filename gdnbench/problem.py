@@ -184,19 +184,16 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
     elif case.op == "prefill" and case.initial_state == "zeros":
         state = torch.zeros(N, HV, K, V)
     if case.op == "decode":
-        S = case.pool_size
-        # the whole pool is filled, so a kernel that writes a slot it should not is caught
-        pool = torch.randn(S, HV, K, V, generator=gen) if case.initial_state == "random" else torch.zeros(S, HV, K, V)
-        pool = pool.to(DTYPES[case.state_dtype])
         n_slots = N * case.state_writes
         if case.slots == "scattered":
-            slots = torch.randperm(S, generator=gen)[:n_slots].to(torch.int32)
+            slots = torch.randperm(case.pool_size, generator=gen)[:n_slots].to(torch.int32)
         else:
             slots = torch.arange(n_slots, dtype=torch.int32)
         if case.per_token_slots:
             slots = slots.view(N, case.T)
             # how many draft tokens the previous verify step accepted: where each sequence starts from
             accepted = torch.randint(1, case.T + 1, (N,), generator=gen, dtype=torch.int32)
+        pool = _state_pool(case, slots, gen, torch.device(device))
 
     def dev(x: torch.Tensor | None, dt: torch.dtype | None = None) -> torch.Tensor | None:
         return None if x is None else x.to(device=device, dtype=dt or x.dtype)
@@ -208,6 +205,21 @@ def make_problem(case: Case, seed: int, device: str | torch.device = "cpu") -> P
         g=dev(g, torch.float32), beta=dev(beta, torch.float32 if case.gating == "raw" else dtype),
         scale=case.scale if case.scale is not None else K**-0.5,
         cu_seqlens=dev(cu), initial_state=dev(state),
-        state_pool=dev(pool), slot_idx=dev(slots), num_accepted_tokens=dev(accepted),
+        state_pool=pool, slot_idx=dev(slots), num_accepted_tokens=dev(accepted),
         **{name: dev(t) for name, t in raw.items()},
     )
+
+
+def _state_pool(case: Case, slots: torch.Tensor, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """The decode pool [pool_size, HV, K, V], filled on ``device``: the slots in ``slots`` hold states drawn
+    from ``gen`` (or zeros), as every other input is; the other slots hold values drawn on the device from a
+    seed taken from ``gen``, so that a kernel that writes a slot it should not is caught, without drawing a
+    pool of thousands of slots on the host (seconds, and gigabytes of host memory, a case)."""
+    HV, K, V, dtype = case.HV, case.K, case.V, DTYPES[case.state_dtype]
+    used = torch.unique(slots.flatten())
+    states = (torch.randn(len(used), HV, K, V, generator=gen) if case.initial_state == "random"
+              else torch.zeros(len(used), HV, K, V))
+    filler = torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
+    pool = torch.randn(case.pool_size, HV, K, V, generator=filler, device=device).to(dtype)
+    pool[used.to(device)] = states.to(device=device, dtype=dtype)
+    return pool

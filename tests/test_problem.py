@@ -124,3 +124,17 @@ def test_roofline_matches_design_figures():
     assert abs(flops / 1e12 - 0.38) < 0.01 and abs(nbytes / 1e9 - 1.6) < 0.05
     nbytes, _ = traffic(Case(op="decode", B=256, H=16, HV=32, D=128))
     assert abs(nbytes / 1e9 - 1.07) < 0.02
+
+
+def test_a_decode_pool_fills_every_slot_and_draws_only_the_used_ones_from_the_case():
+    case = Case(op="decode", B=3, H=1, HV=2, D=8, pool_size=50, slots="scattered", initial_state="zeros")
+    p, again = make_problem(case, 0), make_problem(case, 0)
+    assert torch.equal(p.state_pool, again.state_pool)  # a function of (seed, case id)
+    used = torch.zeros(case.pool_size, dtype=torch.bool)
+    used[p.slot_idx.long()] = True
+    assert (p.state_pool[used] == 0).all()
+    # the other slots are not zero: a kernel writing zeros (or anything) to a slot it does not own shows
+    assert (p.state_pool[~used].flatten(1).abs().sum(1) > 0).all()
+    other = make_problem(Case(op="decode", B=3, H=1, HV=2, D=8, pool_size=50, slots="scattered",
+                              initial_state="random"), 0)
+    assert not torch.equal(other.state_pool[used], p.state_pool[used])
