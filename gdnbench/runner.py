@@ -147,7 +147,7 @@ def _run_case(case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOp
         with _errors_become_rows([item.row for item in waiting], opts.device, free=True):
             with time_limit(suite.timing.timeout_s * len(waiting)):
                 _time(waiting, case, opts, samples, gate)
-    _add_speedups(rows, opts.baseline.get(case.op), samples)
+    _add_speedups(rows, opts.baseline.get(case.op), samples, paired=opts.interleave)
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, problem, {"reference": _dumpable(gate.ref, problem), **dumped})
     return rows, samples
@@ -274,9 +274,9 @@ def _timing_columns(m: Measurement, case: Case, opts: RunOptions, copy: Measurem
     return cols
 
 
-def _add_speedups(rows: list[Row], baseline: str | None, samples: list[dict]) -> None:
-    """speedup = baseline median / backend median, with a 95% bootstrap CI from the raw samples,
-    for timed PASS rows when the baseline passed."""
+def _add_speedups(rows: list[Row], baseline: str | None, samples: list[dict], paired: bool) -> None:
+    """speedup = baseline median / backend median, with a 95% bootstrap CI from the raw samples, for timed
+    PASS rows when the baseline passed; ``paired`` when they were timed interleaved, round by round."""
     if baseline is None:
         return
     ref = next((r for r in rows if r.backend == baseline), None)
@@ -286,7 +286,8 @@ def _add_speedups(rows: list[Row], baseline: str | None, samples: list[dict]) ->
     for r in rows:
         r.baseline = baseline
         if r.status == Status.PASS and r.median_us and not r.interpreted:
-            r.speedup, r.speedup_lo, r.speedup_hi = stats.median_ratio_ci(raw[baseline], raw[r.backend])
+            pair = paired and len(raw[baseline]) == len(raw[r.backend])
+            r.speedup, r.speedup_lo, r.speedup_hi = stats.median_ratio_ci(raw[baseline], raw[r.backend], paired=pair)
 
 
 def _dumpable(result: Any, p: Problem) -> dict[str, torch.Tensor | None]:

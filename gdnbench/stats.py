@@ -116,11 +116,13 @@ def mann_whitney_u(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def median_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95, n_boot: int = 2000,
-                    seed: int = 0) -> tuple[float, float, float]:
+                    seed: int = 0, paired: bool = False) -> tuple[float, float, float]:
     """(median(a) / median(b), lo, hi): the ratio with a seeded bootstrap percentile interval.
 
-    Each side is resampled independently (the runs are independent); the fixed seed makes a
-    comparison print the same interval every time it is run.
+    Unpaired, each side is resampled on its own (two independent runs). ``paired``: sample i of a and of b
+    were taken in the same round of interleaved timing (A B A B ...), so rounds are resampled whole and the
+    drift that moves both sides of a round together cancels in the ratio. The fixed seed makes a comparison
+    print the same interval every time it is run.
     """
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -129,7 +131,12 @@ def median_ratio_ci(a: Sequence[float], b: Sequence[float], confidence: float = 
     if x.ndim != 1 or y.ndim != 1 or x.size == 0 or y.size == 0:
         raise ValueError("median_ratio_ci needs two non-empty 1-D sequences of samples")
     rng = np.random.default_rng(seed)
-    ratios = _bootstrap_medians(x, n_boot, rng) / _bootstrap_medians(y, n_boot, rng)
+    if paired:
+        if x.size != y.size:
+            raise ValueError(f"paired samples need one of each per round, got {x.size} and {y.size}")
+        ratios = _bootstrap_paired_ratios(x, y, n_boot, rng)
+    else:
+        ratios = _bootstrap_medians(x, n_boot, rng) / _bootstrap_medians(y, n_boot, rng)
     tail = (1.0 - confidence) / 2 * 100
     lo, hi = np.percentile(ratios, [tail, 100 - tail])
     return float(np.median(x) / np.median(y)), float(lo), float(hi)
@@ -140,3 +147,13 @@ def _bootstrap_medians(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> 
     block = max(1, 2**22 // x.size)
     return np.concatenate([np.median(x[rng.integers(0, x.size, (min(block, n_boot - i), x.size))], axis=1)
                            for i in range(0, n_boot, block)])
+
+
+def _bootstrap_paired_ratios(x: np.ndarray, y: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """median(x) / median(y) of ``n_boot`` resamples of the rounds (the same indices on both sides)."""
+    block = max(1, 2**22 // x.size)
+    out = []
+    for i in range(0, n_boot, block):
+        idx = rng.integers(0, x.size, (min(block, n_boot - i), x.size))
+        out.append(np.median(x[idx], axis=1) / np.median(y[idx], axis=1))
+    return np.concatenate(out)
