@@ -223,7 +223,7 @@ class TimingSettings(_Strict):
     min_time_s: float = Field(0.2, ge=0)
     max_time_s: float = Field(5.0, gt=0)
     rel_ci: float = Field(0.01, gt=0, description="stop when the median's 95% CI half-width is this small")
-    timeout_s: float = Field(600.0, gt=0, description="per (case, backend): past this, an ERROR row")
+    timeout_s: float = Field(600.0, gt=0, description="per (case, backend), and for a case's inputs and reference: past this, a TIMEOUT row")
 
 
 class ReferenceSettings(_Strict):
