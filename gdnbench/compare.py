@@ -116,6 +116,31 @@ def provenance_diffs(base: Run, new: Run) -> list[str]:
     return diffs
 
 
+CLOCK_GAP = 0.03  # SM clocks this far apart make a row's ratio partly the clock's (docs/design.md, "Telemetry")
+
+
+def telemetry_notes(base: Run, new: Run, df: pd.DataFrame) -> list[str]:
+    """For each SLOWER or FASTER row: the GPU's SM clocks on both sides where they differ by CLOCK_GAP or
+    more, and any throttle reason NEW's row was timed under, so a verdict the GPU explains says so."""
+    notes = []
+    sides = {name: run.rows.set_index(KEY) for name, run in (("base", base), ("new", new))}
+    for r in df[df["verdict"].isin(["SLOWER", "FASTER"])].to_dict("records"):
+        key = tuple(r[k] for k in KEY)
+        tele = {name: rows.loc[key] if key in rows.index else None for name, rows in sides.items()}
+        if any(t is None or isinstance(t, pd.DataFrame) for t in tele.values()):
+            continue
+        clocks = {name: cell_float(t.get("sm_mhz")) for name, t in tele.items()}
+        said = []
+        if None not in clocks.values() and abs(clocks["new"] / clocks["base"] - 1) >= CLOCK_GAP:
+            said.append(f"SM clock {clocks['base']:.0f} (base) vs {clocks['new']:.0f} MHz (new)")
+        throttle = tele["new"].get("throttle")
+        if isinstance(throttle, str) and throttle:
+            said.append(f"NEW timed under {throttle}")
+        if said:
+            notes.append(f"{r['case_id']} / {r['backend']} ({r['verdict']}): " + "; ".join(said))
+    return notes
+
+
 def compare_runs(base: Run, new: Run, alpha: float = 0.01, threshold: float = 0.05,
                  thresholds: dict[str, float] | None = None) -> pd.DataFrame:
     """One row per key in either run with both sides' status and median, the ratio, its CI, p and the verdict.

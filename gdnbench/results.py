@@ -110,6 +110,12 @@ class Row:
     pct_flops: float | None = None
     copy_us: float | None = None
     pct_copy: float | None = None
+    # the GPU right after the samples (gdnbench.telemetry): a row timed while it throttled says so
+    sm_mhz: int | None = None
+    mem_mhz: int | None = None
+    power_w: float | None = None
+    temp_c: int | None = None
+    throttle: str | None = None  # NVML's throttle reasons, comma-separated; '' for none
     warmup_s: float | None = None  # the first call's wall time (compilation, autotuning)
     case_s: float | None = None  # the whole case's wall time
     interpreted: bool | None = None  # ran in Triton's interpreter: correctness only

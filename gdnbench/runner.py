@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gdnbench import roofline, stats
+from gdnbench import roofline, stats, telemetry
 from gdnbench.backends import Backend, Prepared
 from gdnbench.check import Gate, reference_outputs
 from gdnbench.interrupts import reraise_interrupt
@@ -240,10 +240,11 @@ def _time(items: list[Checked], case: Case, opts: RunOptions, samples: list[dict
         except torch.OutOfMemoryError:
             notes.append("no copy reference: its buffers did not fit")
     measurements = measure_interleaved(timed, device=opts.device, config=opts.timing)
+    gpu = telemetry.read(opts.device)
     copy = measurements[len(items)] if len(measurements) > len(items) else None
     for item, m in zip(items, measurements):
         row = item.row
-        row.update(**_timing_columns(m, case, opts, copy))
+        row.update(**_timing_columns(m, case, opts, copy), **gpu)
         if notes:
             row.note = "; ".join(filter(None, [row.note, *notes]))
         samples.append({"case_id": case.id, "backend": row.backend, "timer": m.timer, "l2": m.l2,

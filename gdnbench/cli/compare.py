@@ -10,7 +10,7 @@ from rich.text import Text
 
 from gdnbench.cli.common import EXIT_FAIL, EXIT_OK, console, die, err_console
 from gdnbench.compare import (DEFAULT_FAIL_ON, VERDICTS, CompareError, compare_runs, comparison_table, counts,
-                              load, markdown, provenance_diffs, summary_line, to_json)
+                              load, markdown, provenance_diffs, summary_line, telemetry_notes, to_json)
 
 
 def compare(
@@ -55,6 +55,9 @@ def compare(
         df = compare_runs(base, new, alpha=alpha, threshold=threshold, thresholds=thresholds)
     except CompareError as e:
         die(str(e))
+    notes = [f"telemetry: {note}" for note in telemetry_notes(base, new, df)]
+    for note in notes:
+        err_console.print(Text(note, style="yellow"))
 
     console.print(comparison_table(df, base, new, alpha))
     console.print(summary_line(df), highlight=False)
@@ -62,7 +65,7 @@ def compare(
         markdown_path.write_text(markdown(df, base, new, alpha))
     if json_path is not None:
         settings = {"alpha": alpha, "threshold": threshold, "thresholds": thresholds, "fail_on": sorted(gates)}
-        json_path.write_text(to_json(df, base, new, settings, diffs))
+        json_path.write_text(to_json(df, base, new, settings, diffs + notes))
     regressions = {v: n for v, n in counts(df).items() if v in gates}
     if regressions:
         err_console.print("[bold red]regression:[/bold red] "
