@@ -170,7 +170,7 @@ def compare_runs(base: Run, new: Run, alpha: float = 0.01, threshold: float = 0.
         elif row["base_median_us"] is None or row["new_median_us"] is None:
             row["verdict"] = "SAME"  # untimed on a side: the unchanged status is all there is to compare
         else:
-            row.update(_timing_verdict(_samples(base, r), _samples(new, r), alpha, thr))
+            row.update(timing_verdict(_samples(base, r), _samples(new, r), alpha, thr))
         out.append(row)
     df = pd.DataFrame(out, columns=[*KEY, "base_status", "new_status", "base_n", "new_n", "base_median_us",
                                     "new_median_us", "ratio", "ratio_lo", "ratio_hi", "p_value", "threshold",
@@ -188,7 +188,9 @@ def _samples(run: Run, r: dict[str, Any]) -> np.ndarray:
     return x
 
 
-def _timing_verdict(base: np.ndarray, new: np.ndarray, alpha: float, threshold: float) -> dict[str, Any]:
+def timing_verdict(base: np.ndarray, new: np.ndarray, alpha: float, threshold: float) -> dict[str, Any]:
+    """SAME, SLOWER, FASTER or AMBIGUOUS for NEW's samples against BASE's, with the ratio of medians, its
+    interval and the Mann-Whitney p (docs/design.md, "Measurement")."""
     ratio, lo, hi = median_ratio_ci(new, base)
     p = mann_whitney_u(new, base)
     if abs(ratio - 1) < threshold:

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from tests.interpreter import InterpretedRun
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Runs made by the tests (the interpreted subprocesses' too) append to a history of their own, not to
+    the checkout's results/history.sqlite."""
+    os.environ["GDNBENCH_HISTORY"] = os.path.join(tempfile.mkdtemp(prefix="gdnbench-test-history-"), "h.sqlite")
 
 
 @pytest.hookimpl(trylast=True)

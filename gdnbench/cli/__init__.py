@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gdnbench.cli import compare as compare_cmd
+from gdnbench.cli import history as history_cmd
 from gdnbench.cli import html as html_cmd
 from gdnbench.cli import list as list_cmd
 from gdnbench.cli import plot as plot_cmd
@@ -27,6 +28,7 @@ app.command("compare")(compare_cmd.compare)
 app.command("plot")(plot_cmd.plot)
 app.command("report")(html_cmd.report)
 app.command("profile")(profile_cmd.profile)
+app.command("history")(history_cmd.history)
 
 
 def main() -> None:

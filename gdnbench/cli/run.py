@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sqlite3
 import sys
 from enum import Enum
 from pathlib import Path
@@ -14,12 +15,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gdnbench import provenance, runner
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
+from gdnbench.history import connect, record
+from gdnbench.history import default_db as default_history
 from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
 from gdnbench.results import FAILED, UNFINISHED, RunDir, RunDirError, RunFilesError, Status, load_run
 from gdnbench.runner import RunOptions
-from gdnbench.worker import WORKER_LOG, CaseWorker, run_in_process
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
+from gdnbench.worker import WORKER_LOG, CaseWorker, run_in_process
 
 
 class DeviceOpt(str, Enum):
@@ -78,6 +81,9 @@ def run(
     retry_failed: bool = typer.Option(
         False, "--retry-failed", help="With --resume: run again the cases that have a CRASH, TIMEOUT, ERROR "
                                       "or OOM row (otherwise kept as they are)."),
+    history: bool = typer.Option(
+        True, "--history/--no-history", help="Append the run to the results history ($GDNBENCH_HISTORY, else "
+                                             "results/history.sqlite; see `gdnbench history`)."),
     force: bool = typer.Option(
         False, "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot "
                                "and report made from them. Without it, an --out that holds a run exits 2."),
@@ -185,6 +191,8 @@ def run(
         run_dir.write_meta(meta)
         run_dir.close()
 
+    if history and run_dir.rows:
+        _remember(run_dir.path)
     if not run_dir.rows:
         err_console.print("interrupted before any case finished; nothing measured")
         raise typer.Exit(EXIT_INTERRUPTED)
@@ -220,3 +228,13 @@ def _earlier_run(out: Path | None, expect: dict[str, object]) -> dict:
             die(f"--resume: {out}/run.json: {field} is {have!r}, this command's is {want!r}; a run goes on "
                 f"with the same suite, filter, backends, seed and timing")
     return meta
+
+
+def _remember(run_path: Path) -> None:
+    """Append the run to the history; a history that cannot be written is a warning, never a failed run."""
+    db = default_history()
+    try:
+        record(connect(db), run_path)
+    except (sqlite3.Error, OSError, RunFilesError) as e:
+        err_console.print(f"warning: the run was not added to the history {db}: {e}", style="yellow",
+                          markup=False, highlight=False)
