@@ -208,7 +208,7 @@ class RunDir:
         done = {case for case, names in have.items() if names >= set(backends) and case not in retried}
         samples = [s for s in load_samples(path) if s["case_id"] in done]
         run = cls(path)
-        run._append([r for r in rows if r["case_id"] in done], samples)
+        run.add_rows([r for r in rows if r["case_id"] in done], samples)
         return run, done
 
     def write_meta(self, meta: dict[str, Any]) -> None:
@@ -217,9 +217,10 @@ class RunDir:
 
     def add_case(self, rows: Iterable[Row], samples: Iterable[dict[str, Any]]) -> None:
         """Append one finished case: its rows (results.csv rewritten atomically) and its raw samples."""
-        self._append([r.as_dict() for r in rows], samples)
+        self.add_rows([r.as_dict() for r in rows], samples)
 
-    def _append(self, rows: list[dict[str, Any]], samples: Iterable[dict[str, Any]]) -> None:
+    def add_rows(self, rows: list[dict[str, Any]], samples: Iterable[dict[str, Any]]) -> None:
+        """Append rows as results.csv has them (read back from a run, or ``Row.as_dict()``) and their samples."""
         self.rows.extend(rows)
         with open(self.path / "samples.jsonl", "a") as f:
             for s in samples:
@@ -267,6 +268,14 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     meta_path = csv_path.parent / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     return df, meta
+
+
+def run_field(meta: dict[str, Any], dotted: str) -> Any:
+    """A run.json value by its dotted key (``suite.sha256``); None where any part is missing."""
+    value: Any = meta
+    for key in dotted.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
 
 
 def load_samples(path: str | Path) -> list[dict[str, Any]]:

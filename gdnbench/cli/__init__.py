@@ -8,6 +8,7 @@ from gdnbench.cli import compare as compare_cmd
 from gdnbench.cli import history as history_cmd
 from gdnbench.cli import html as html_cmd
 from gdnbench.cli import list as list_cmd
+from gdnbench.cli import merge as merge_cmd
 from gdnbench.cli import plot as plot_cmd
 from gdnbench.cli import profile as profile_cmd
 from gdnbench.cli import run as run_cmd
@@ -29,6 +30,7 @@ app.command("plot")(plot_cmd.plot)
 app.command("report")(html_cmd.report)
 app.command("profile")(profile_cmd.profile)
 app.command("history")(history_cmd.history)
+app.command("merge")(merge_cmd.merge)
 
 
 def main() -> None:

@@ -19,8 +19,9 @@ from gdnbench.history import connect, record
 from gdnbench.history import default_db as default_history
 from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
-from gdnbench.results import FAILED, UNFINISHED, RunDir, RunDirError, RunFilesError, Status, load_run
+from gdnbench.results import FAILED, UNFINISHED, RunDir, RunDirError, RunFilesError, Status, load_run, run_field
 from gdnbench.runner import RunOptions
+from gdnbench.shards import ShardError, parse_shard, shard_cases
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
 from gdnbench.worker import WORKER_LOG, CaseWorker, run_in_process
 
@@ -84,6 +85,9 @@ def run(
     history: bool = typer.Option(
         True, "--history/--no-history", help="Append the run to the results history ($GDNBENCH_HISTORY, else "
                                              "results/history.sqlite; see `gdnbench history`)."),
+    shard: Optional[str] = typer.Option(
+        None, "--shard", help="Run shard I of N (e.g. 2/4): whole cases, dealt by estimated cost so the shards "
+                              "take about equal time; `gdnbench merge` joins the shards' runs."),
     force: bool = typer.Option(
         False, "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot "
                                "and report made from them. Without it, an --out that holds a run exits 2."),
@@ -99,6 +103,16 @@ def run(
         die("--resume goes on with the run in --out, --force replaces it: give one of them")
     sel = select(suite_spec, backends, filter_)
     suite, names, chosen, cases = sel.suite, sel.names, sel.backends, sel.cases
+    shard_meta = None
+    if shard is not None:
+        try:
+            index, count = parse_shard(shard)
+        except ShardError as e:
+            die(str(e))
+        cases = shard_cases(cases, index, count)
+        shard_meta = {"index": index, "count": count, "cases": [c.id for c in cases]}
+        if not cases:
+            die(f"--shard {index}/{count}: no case falls to this shard ({len(sel.cases)} cases in all)")
     if baseline is not None and baseline not in names:
         die(f"--baseline {baseline!r} is not among the backends run ({', '.join(names)})")
     wanted = {"prefill": baseline, "decode": baseline} if baseline is not None else suite.baselines()
@@ -124,7 +138,7 @@ def run(
         interleave = len(chosen) == 2 and bool(base)
     earlier = _earlier_run(out, {"suite.sha256": suite.sha256, "suite.filter": filter_,
                                  "backends": names, "seed": seed, "timing": config.__dict__,
-                                 "interleave": interleave}) if resume else None
+                                 "interleave": interleave, "shard": shard_meta}) if resume else None
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     done: set[str] = set()
     try:
@@ -142,7 +156,8 @@ def run(
         backend_versions={b.name: b.version() for b in chosen})
     meta.update(seed=seed, backends=names, baseline=base, timing=config.__dict__,
                 reference=suite.reference.model_dump(), tolerances=suite.tolerances.model_dump(),
-                ceilings=ceilings, interleave=interleave, copy_reference=copy_reference, status="running")
+                ceilings=ceilings, interleave=interleave, copy_reference=copy_reference, shard=shard_meta,
+                status="running")
     if earlier is not None:
         # each earlier session's own provenance, and which cases' rows it measured
         meta.update(earlier_sessions=[*earlier.pop("earlier_sessions", []), earlier],
@@ -221,9 +236,7 @@ def _earlier_run(out: Path | None, expect: dict[str, object]) -> dict:
     if meta.get("status") == "complete":
         die(f"--resume: the run in {out} is complete; nothing to go on with")
     for field, want in expect.items():
-        have: object = meta
-        for key in field.split("."):
-            have = have.get(key) if isinstance(have, dict) else None
+        have = run_field(meta, field)
         if have != want:
             die(f"--resume: {out}/run.json: {field} is {have!r}, this command's is {want!r}; a run goes on "
                 f"with the same suite, filter, backends, seed and timing")
