@@ -96,9 +96,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .inputs import check_inputs, output_buffer
-from .recurrent import _EPS, _cast, _softplus
-from .tuning import TunedKernel
+from .common.device import EPS as _EPS, cast as _cast, dot as _dot, exp as _exp, softplus as _softplus
+from .common.inputs import check_inputs, output_buffer
+from .common.tuning import TunedKernel
 
 __all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "ChunkWorkspace", "CHUNK",
            "INTERPRETED", "describe", "chunk_tier", "state_tier", "deal_longest_first",
@@ -106,11 +106,6 @@ __all__ = ["chunk_gdn", "ChunkLayout", "WalkOrder", "SegmentLayout", "ChunkWorks
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 _INTERPRET_ENV = os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
-# The interpreter's tl.dot on bf16 operands returns garbage: there, bf16 dots run on fp32 copies
-# (exact products, fp32 accumulation: what a GPU's bf16 MMA computes).
-_UPCAST_BF16_DOT: tl.constexpr = tl.constexpr(_INTERPRET_ENV)
-# The interpreter runs no inline PTX: there, _exp is tl.exp.
-_PTX_EXP: tl.constexpr = tl.constexpr(not _INTERPRET_ENV)
 # A warm-up segment (SegmentLayout.warm_up) starts as many chunks back as their summed log decay needs to reach this.
 # With unit-norm keys and beta in [0, 1] each token's transition exp(g) (I - beta k k^T) has norm <= exp(g),
 # so the state it drops is scaled by at most exp(-20) ~ 2e-9 before it reaches the segment.
@@ -123,30 +118,6 @@ WALK_STORES_HT = 2
 
 
 # ---- device functions shared by both variants ---------------------------------------------------------
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr):
-    """a @ b with fp32 accumulation; IEEE: fp32 operands multiply in full fp32, not tf32."""
-    if _UPCAST_BF16_DOT and a.dtype == tl.bfloat16:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-@triton.jit
-def _exp(x):
-    """exp(x) of fp32 x as one MUFU.EX2 (and the log2(e) multiply): ``ex2.approx.ftz`` flushes results
-    below 2^-126 to 0, where tl.exp's ``ex2.approx`` spends three more instructions per element keeping them
-    subnormal (a compare and two predicated multiplies, in sm_90 SASS). Same accuracy above that; the
-    decays that small are 0 for every use here. exp(-inf) is 0."""
-    if _PTX_EXP:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * 1.4426950408889634],
-                                         dtype=tl.float32, is_pure=True, pack=1)
-    else:
-        return tl.exp(x)
-
 
 @triton.jit
 def _seq_bounds(seq_bounds, i_n):

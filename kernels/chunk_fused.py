@@ -90,7 +90,7 @@ from .chunk import (CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, WalkOrder
                     deal_longest_first, warm_up_loads)
 from . import chunk_prep_sm90, chunk_specialized_sm90, chunk_walk_sm90, chunk_walk_transposed_sm90
 from .gluon_hopper import sm_count
-from .tuning import TunedKernel
+from .common.tuning import TunedKernel
 from .chunk import describe as _describe
 
 __all__ = ["chunk_fused_gdn", "GLUON_WALKS", "SPECIALIZED", "PipelineLayout", "fuse_output_default",
