@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gdnbench_kernels.chunk import config_from, config_label
-from gdnbench_kernels.chunk_fused import PREP_CANDIDATES
+from gdnbench_kernels.chunk.configs import config_from, config_label
+from gdnbench_kernels.chunk.prep import PREP_CANDIDATES
 from tests import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,8 +108,8 @@ p = make_problem(s.cases[0], s.seed, torch.device("cpu"))
 b = get_backend("triton.chunk_fused")
 with ab.kernels_at("HEAD") as (sha, old):
     calls = []
-    real = old.chunk_fused.chunk_fused_gdn
-    old.chunk_fused.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = old.chunk.chunk_fused_gdn
+    old.chunk.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
     old_b = ab.backend_at(sha, old, b)
     ab._prepare_with(old, old_b, p).call()
     seen_old = len(calls)

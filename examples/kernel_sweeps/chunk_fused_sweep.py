@@ -54,14 +54,14 @@ from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timi
 
 def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, ...]] | None,
                   device: torch.device) -> None:
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    kernel, shipped = {"prep": (chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES),
-                       "state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
-                       "walk": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES)}[kernel_name]
+    kernel, shipped = {"prep": (chunk.prep.fused_prep_kernel, chunk.prep.PREP_CANDIDATES),
+                       "state": (chunk.state.fused_state_kernel, chunk.state.FUSED_STATE_CANDIDATES),
+                       "walk": (chunk.state.state_kernel, chunk.state.STATE_CANDIDATES)}[kernel_name]
     fuse_output = {"prep": None, "state": True, "walk": False}[kernel_name]  # None: the default rule's
     walk = None if kernel_name == "prep" else "triton"  # the Triton kernels whose configs are forced
-    forced = [[chunk.config_from(c, block=kernel_name != "prep")] for c in configs or shipped]
+    forced = [[chunk.configs.config_from(c, block=kernel_name != "prep")] for c in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
@@ -69,7 +69,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
         segments = None
         if kernel_name == "state":  # where the backend runs it: over warm-up segments where the default rule takes them
             layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, device)
-            segments = chunk_fused.warm_up_default(layout, case.HV, case.V, device)
+            segments = chunk.plan.warm_up_default(layout, case.HV, case.V, device)
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
                 # the Triton prep kernel, also where the Gluon one would run by default
@@ -87,7 +87,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
         ms = measure_interleaved([(call, prepared.reset) for _, prepared, call in runs], device=device,
                                  config=sweep_timing(device))
         for (cfg, _, _), m, o in zip(runs, ms, outs):
-            print(f"{case.id}  {kernel_name}[{chunk.config_label(cfg)}]  {np.median(m.samples_us):9.1f} us"
+            print(f"{case.id}  {kernel_name}[{chunk.configs.config_label(cfg)}]  {np.median(m.samples_us):9.1f} us"
                   f"  diff {rel_diff(o, outs[0]):.1e}", flush=True)
 
 
