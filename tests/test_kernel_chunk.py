@@ -35,7 +35,7 @@ SUITE_CASES = [
     {"mode": "varlen", "seq_lens": [5, 66], "H": 1, "HV": 2, "D": 16, "gating": "raw", "dtype": "bf16"},
     {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
 ]
-BACKENDS = ["triton.chunk", "triton.chunk_fused", "triton.chunk_fused_cp", "triton.chunk_fused_warm_up"]
+BACKENDS = ["triton.chunk", "triton.chunk_fused"]
 
 
 # ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
@@ -61,9 +61,8 @@ KERNEL_CASES = [
     make("gn10-gva1-K64-V60-fp16-nofinal", T=128, H=2, HV=2, V=60, dtype="fp16", gate_norm=10, final=False,
          fuse_output=True),
     make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
-    # decays near 1 (gate_norm 100): a state carries across many chunks, so the chunk-parallel pass's
-    # transitions are far from 0 and its scan is what gets the states right
-    # (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
+    # decays near 1 (gate_norm 100): a state carries across many chunks, so every warm-up walk reaches back
+    # to its sequence's start (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
     make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 270], K=16, V=16, gate_norm=100, h0=True),
     # decays of about -3 a chunk: warm-up walks of 7 chunks that stop before the sequence's start, whose last
     # chunks' states enter the segment nearly undecayed (a wrong warm-up shows in the outputs)
@@ -98,31 +97,29 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
     def no_host_sync(*_a, **_k):
         raise AssertionError("host sync in the launcher")
 
-    results: dict = {"INTERPRETED": chunk.INTERPRETED, "configs": len(chunk.state.STATE_CONFIGS) + len(chunk.output.OUTPUT_CONFIGS)}
+    results: dict = {"INTERPRETED": chunk.INTERPRETED,
+                     "configs": len(chunk.state.STATE_CONFIGS) + len(chunk.output.OUTPUT_CONFIGS)}
     for case in torch.load(inputs):
         kw = dict(case["kw"])
         q, v = kw["q"], kw["v"]
         layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
-        # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps); warm-up: the same
-        # segments from a warm-up walk (its output always fused in): one chunk back under strong decay, back
-        # to the sequence's start (and its h0) under weak decay
-        segments = {"cp": chunk.SegmentLayout.build(layout, 1),
-                    "warm-up": chunk.SegmentLayout.build(layout, 1, warm_up=True)}
+        # warm-up: segments of one chunk from a warm-up walk (its output always fused in): one chunk back under
+        # strong decay, back to the sequence's start (and its h0) under weak decay
+        segments = {"warm-up": chunk.SegmentLayout.build(layout, 1)}
         # pairs: the output pass over pairs of chunks (the output never fused in); pipe: that, pipelined in
         # groups of two chunks of every sequence; pipe-out: pipelined with the output fused into the walk
-        variants = (("chunk", True), ("fused", False), ("cp", False), ("warm-up", False), ("pairs", False),
+        variants = (("chunk", True), ("fused", False), ("warm-up", False), ("pairs", False),
                     ("pipe", False), ("pipe-out", False))
         for variant, stages in variants:
             span = 2 if variant in ("pairs", "pipe") else 1
-            fuse = (variant in ("fused", "cp") and case["fuse_output"]) or variant in ("pipe-out", "warm-up")
+            fuse = (variant == "fused" and case["fuse_output"]) or variant in ("pipe-out", "warm-up")
             try:
                 pipe = chunk.PipelineLayout.build(layout, 2) if variant.startswith("pipe") else None
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw, fuse_output=fuse,
                                                    final_state=kw["output_final_state"],
                                                    segments=segments.get(variant), output_span=span,
                                                    pipeline=pipe is not None)
-                for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
-                             "seg_init", "handoff"):
+                for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "handoff"):
                     if getattr(ws, name) is not None:
                         getattr(ws, name).fill_(float("nan"))
                 out = torch.full_like(v, float("nan"))
@@ -217,13 +214,10 @@ def _guarded_runs(chunk) -> dict:
                     widths = sorted({cand[0] for cand in candidates})
                     kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
                     kernel.cache.clear()
-                # cp reruns the state pass's kernel over segments: its block widths are the other
-                # variants' rounds, so one round of it (with and without the output fused in) covers the
-                # scan and the segment modes (cp-warm-up: the warm-up walk, which reads before its segments)
+                # warm-up reruns the state pass's kernel over segments: its block widths are the other
+                # variants' rounds, so one round of it covers the warm-up walk, which reads before its segments
                 variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
-                            ("fused-pairs", False, False),
-                            *([("cp", False, False), ("cp-out", False, True), ("cp-warm-up", False, True)]
-                              if i == 0 else []))
+                            ("fused-pairs", False, False), *([("warm-up", False, True)] if i == 0 else []))
                 for variant, stages, fuse in variants:
                     bufs.clear()
                     span = 2 if variant == "fused-pairs" else 1
@@ -237,12 +231,10 @@ def _guarded_runs(chunk) -> dict:
                                                  pair_offsets=guarded(x.pair_offsets))
 
                     lay = guarded_layout(lay0)
-                    segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
+                    segs = None if variant != "warm-up" else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
                         parent=guarded(seg0.parent), parent_bounds=guarded(seg0.parent_bounds),
-                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans,
-                        warm_up=variant == "cp-warm-up")
-                    NS = seg0.layout.N
+                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans)
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
                     args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else guarded(kw["cu_seqlens"])
@@ -256,10 +248,7 @@ def _guarded_runs(chunk) -> dict:
                         beta=guarded(shape=(BT, HV), dtype=f32) if stages and "a" in kw else None,
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.blocks(span)[0], HV, K, V), dtype=dt),
-                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
-                        **({} if segs is None or segs.warm_up else dict(seg_L=guarded(shape=(NS, HV, K, V), dtype=f32),
-                                                        seg_M=guarded(shape=(NS, HV, K, K), dtype=f32),
-                                                        seg_init=guarded(shape=(NS, HV, K, V), dtype=f32))))
+                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32))
                     out = guarded(shape=v.shape, dtype=dt)
                     common = dict(layout=lay, out=out, workspace=ws)
                     if variant == "chunk":
@@ -312,21 +301,16 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk.gate", "chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
         ("chunk.prep", "kkt_solve_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
         ("chunk.wu", "wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
-        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, WARM_UP=False,
                                           SPAN=1, FROM_AI=False, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
                                           Ai=None), 4),
-        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, WARM_UP=False,
                                           SPAN=2, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, W=None,
                                           U=None), 4),
-        ("chunk.state", "_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=2,
-                                          SPAN=1, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
-                                          W=None, U=None, h=None, v_new=None, o=None, h0=None), 4),
-        ("chunk.scan", "segment_scan_kernel", dict(HV=4, K=D, V=D, BK=D, BV=32, USE_H0=True, STORE_HT=True,
-                                               IEEE=False), 8),
-        ("chunk.state", "_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=0,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, WARM_UP=False,
                                           SPAN=1, FROM_AI=True, L2NORM=True, IEEE=False, BV=16, W=None, U=None,
                                           h=None, v_new=None, h0=None), 4),
-        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=3,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=True, WARM_UP=True,
                                           SPAN=1, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, W=None, U=None,
                                           h=None, v_new=None), 4),
         ("chunk.output", "output_kernel", dict(shape, SPAN=1, L2NORM=True, IEEE=False, BV=64), 4),
@@ -340,7 +324,7 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("index", range(13))
+@pytest.mark.parametrize("index", range(11))
 def test_kernel_compiles_for_sm90(D, index):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     from gdnbench_kernels import chunk
@@ -373,7 +357,7 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "warm-up", "pairs", "pipe", "pipe-out"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "warm-up", "pairs", "pipe", "pipe-out"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
@@ -402,7 +386,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     flat = {"gc": ref.gc, "Ai": ref.A_inv if variant == "chunk" else ref.A_inv_beta, "W": ref.W, "U": ref.U,
             "v_new": ref.v_new}
     expect = {"gc", "Ai"} | ({"W", "U"} if variant == "chunk" else set())
-    if not (variant in ("fused", "cp") and case["fuse_output"]) and variant not in ("pipe-out", "warm-up"):
+    if not (variant == "fused" and case["fuse_output"]) and variant not in ("pipe-out", "warm-up"):
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -427,7 +411,7 @@ def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     from gdnbench_kernels import chunk
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk) * 4 + 3)
+    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk) * 4 + 1)
     assert guards["problems"] == {}
 
 
@@ -497,8 +481,8 @@ def test_output_over_pairs_of_chunks_only_for_large_problems(B, T, HV, K, span):
     assert chunk.plan.output_span_default(layout, HV, K, chunk.SegmentLayout.build(layout, 8)) == 1
 
 
-def test_with_segments_the_output_rule_looks_at_the_segments():
-    """B=1 T=65536 HV=32: one walk is too few to fuse the outputs into, 32 or 16 segments are not."""
+def test_warm_up_segments_fold_the_output_into_the_walk():
+    """B=1 T=65536 HV=32: one walk is too few to fuse the outputs into; warm-up segments always take them."""
     from gdnbench_kernels import chunk
 
     layout = chunk.ChunkLayout.build(1, 65536, None, CPU)
@@ -580,9 +564,9 @@ def test_a_regular_first_round_is_told_apart():
     assert padded.walk_order(2, 4).regular(2) == (130, 3)
     assert padded.walk_order(2, 4).regular(1) == (0, 0)  # walk p's sequence is p // 2, not p
     assert padded.walk_order(2, 12).regular(2) == (0, 0)  # programs 10 and 11 have no walk
-    one_each = SegmentLayout.build(padded, 3, warm_up=True).walks(2, 4)
+    one_each = SegmentLayout.build(padded, 3).walks(2, 4)
     assert one_each.regular(2) == (130, 2)  # a segment that ends its sequence stores ht; the kernel finds h0
-    assert SegmentLayout.build(padded, 2, warm_up=True).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
+    assert SegmentLayout.build(padded, 2).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 130, 260, 390]), CPU)  # equal, but longest first: in order
     assert varlen.walk_order(1, 3).regular(1) == (130, 3)
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 100, 260, 390]), CPU)
@@ -620,7 +604,7 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
 
     lengths = [200, 0, 64, 300]  # chunks 4, 0, 1, 5
     layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
-    segments = chunk.SegmentLayout.build(layout, chunks, warm_up=True)
+    segments = chunk.SegmentLayout.build(layout, chunks)
     heads, programs = 2, 3
     order = segments.walks(heads, programs)
     assert segments.walks(heads, programs) is order
@@ -637,8 +621,6 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
               [tuple(order.walks[i * programs + p].tolist()) for i in range(order.counts[p])]] for p in range(programs)]
     assert order.program_chunks.tolist() == [sum(mine) for mine in loads]
     assert order.makespan == max(map(sum, loads)) and order.chunks == sum(-(-n // 64) for n in lengths) * heads
-    with pytest.raises(ValueError, match="warm_up=True"):
-        chunk.SegmentLayout.build(layout, chunks).walks(heads, programs)
 
 
 def test_a_layout_of_another_batch_is_rejected():
@@ -837,7 +819,7 @@ def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunk
     many = len(lengths) * HV >= chunk.plan.SPECIALIZED_MIN_WALKS
     if chunks and not raw and (many or chunks >= chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS):
         def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, a chunk of warm-up each but
-            dealt = chunk.SegmentLayout.build(layout, size, warm_up=True).walks(HV, 132)  # a sequence's first
+            dealt = chunk.SegmentLayout.build(layout, size).walks(HV, 132)  # a sequence's first
             loads = [sum(-(-(end - first) // 64) + (first > start)
                          for _, start, first, end, _ in dealt.walks.tolist()[p::132][:dealt.counts[p]])
                      for p in range(132)]

@@ -29,14 +29,11 @@ def _candidates():
     from gdnbench_kernels import chunk
 
     # (module, kernel, its configs, the launcher that runs it: chunk_gdn, or chunk_fused_gdn with the
-    # output pass, with the output folded into the state pass, with the chunk-parallel state pass
-    # without or with the output folded in or with warm-up segments, or with the output pass over pairs of
-    # chunks)
+    # output pass, with the output folded into the state pass, with warm-up segments, or with the output pass
+    # over pairs of chunks)
     kernels = [(chunk.prep, "fused_prep_kernel", chunk.prep.PREP_CONFIGS, "fused"),
                (chunk.state, "fused_state_kernel", chunk.state.FUSED_STATE_CONFIGS, "fused-output"),
                (chunk.state, "state_kernel", chunk.state.STATE_CONFIGS, "chunk"),
-               (chunk.state, "state_kernel", chunk.state.STATE_CONFIGS, "cp"),
-               (chunk.state, "fused_state_kernel", chunk.state.FUSED_STATE_CONFIGS, "cp-output"),
                (chunk.state, "fused_state_kernel", chunk.state.FUSED_STATE_CONFIGS, "warm-up-output"),
                (chunk.output, "output_kernel", chunk.output.OUTPUT_CONFIGS, "chunk"),
                (chunk.output, "output_span2_kernel", chunk.output.output_span2_kernel.configs, "span2")]
@@ -66,15 +63,14 @@ def _force_config(kernel, index: int, monkeypatch) -> None:
 def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeypatch):
     _force_config(getattr(module, name), index, monkeypatch)
     gen = torch.Generator().manual_seed(index)
-    # gate_norm 10: decays weak enough that the chunk-parallel pass's transitions matter
+    # gate_norm 10: decays weak enough that the warm-up walks reach back to the sequences' starts
     kw, N = kernel_inputs(gen, B=2, T=300, H=2, HV=4, K=D, V=D, dtype="bf16", seqs=None, raw=False, l2=False,
                           gate_norm=10.0)
     kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     from gdnbench_kernels import chunk
 
     layout = chunk.ChunkLayout.build(2, 300, None, DEVICE)
-    segments = chunk.SegmentLayout.build(layout, 2, warm_up=run.startswith("warm-up")) \
-        if run.startswith(("cp", "warm-up")) else None  # 3 segments a sequence
+    segments = chunk.SegmentLayout.build(layout, 2) if run.startswith("warm-up") else None  # 3 segments a sequence
     span = 2 if run == "span2" else 1
     ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=run == "chunk", raw_gate=False,
                                        fuse_output=run.endswith("-output"), final_state=True, segments=segments,

@@ -84,7 +84,7 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
 
 def test_specialized_walk_choice_and_its_errors(monkeypatch):
     """walk="sm90_specialized" where asked for and over warm-up segments (the transposed walk there with raw gates),
-    never over the chunk-parallel pass's segments, with an output pass on its own, raw gates, a prep of its own or
+    never with an output pass on its own, raw gates, a prep of its own or
     a pipeline; on a CPU, the kernel's own reason."""
     from gdnbench_kernels import chunk
     from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
@@ -105,12 +105,9 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
     assert chunk.plan.plan_walk(short, q, 128, 8, False) == ("sm90_specialized", True)
     assert chunk.plan.plan_walk(short, q, 128, 8, False, prep="triton")[0] == "triton"  # ...a prep asked for
     assert chunk.plan.plan_walk(short, q, 128, 8, False, raw_gate=True)[0] == "triton"  # ...and raw gates
-    warm_up = chunk.SegmentLayout.build(layout, chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS, warm_up=True)
+    warm_up = chunk.SegmentLayout.build(layout, chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS)
     assert chunk.plan.plan_walk(layout, q, 128, 32, False, warm_up) == ("sm90_specialized", True)
     assert chunk.plan.plan_walk(layout, q, 128, 32, False, warm_up, raw_gate=True)[0] == "sm90_transposed"
-    with pytest.raises(ValueError, match="whole sequences or warm-up segments"):
-        chunk.plan.plan_walk(layout, q, 128, 32, False, chunk.SegmentLayout.build(layout, 4),
-                              walk="sm90_specialized")
     with pytest.raises(ValueError, match="always computes the output"):
         chunk.plan.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized", fuse_output=False)
     assert chunk.plan.plan_prep(q, False, False, None, "sm90_specialized") == "sm90_specialized"
@@ -205,12 +202,11 @@ def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipelin
     layout = chunk.ChunkLayout.build(B, T, None, "cpu")
     q = torch.empty(B, T, 16, 128)
     assert chunk.plan.walk_default(layout, q, 128, HV, False) == walk
-    assert chunk.plan.walk_default(layout, q, 128, HV, False, chunk.SegmentLayout.build(layout, 8)) == "triton"
-    warm_up = chunk.SegmentLayout.build(layout, 4, warm_up=True)  # short segments: on many walks, the specialized
+    warm_up = chunk.SegmentLayout.build(layout, 4)  # short segments: on many walks, the specialized
     over_short = "sm90_specialized" if B * HV >= chunk.plan.SPECIALIZED_MIN_WALKS else "sm90_transposed"  # kernel
     assert chunk.plan.walk_default(layout, q, 128, HV, False, warm_up) == over_short
     assert chunk.plan.plan_walk(layout, q, 128, HV, False, warm_up) == (over_short, True)
-    longer = chunk.SegmentLayout.build(layout, chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS, warm_up=True)
+    longer = chunk.SegmentLayout.build(layout, chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS)
     assert chunk.plan.walk_default(layout, q, 128, HV, False, longer) == "sm90_specialized"
     with pytest.raises(ValueError, match="whole sequences"):
         chunk.plan.plan_walk(layout, q, 128, HV, False, warm_up, walk="sm90")
@@ -405,7 +401,7 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen) if h0 else None
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
-    segments = chunk.SegmentLayout.build(layout, 4, warm_up=True)
+    segments = chunk.SegmentLayout.build(layout, 4)
     results = {}
     for walk in (gluon_walk, "triton"):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,

@@ -6,10 +6,8 @@
                long sequence and the pipeline run it) alone, and time the whole calls interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
-  segments     time triton.chunk_fused (its default rules, then its sequential walk) against its
-               chunk-parallel state pass (``segment_chunks``) at several segment sizes, each with the output
-               pass and with the output folded in, and with warm-up segments (``warm_up``, the output always
-               folded in);
+  segments     time triton.chunk_fused (its default rules, then its sequential walk) against its walk over
+               warm-up segments (``segment_chunks``, the output always folded in) at several segment sizes;
   walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
                (with the default output rule, and with the output fused in) and the Gluon walks for Hopper
                (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``);
@@ -74,7 +72,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
             with swapped(kernel, configs=cfg, cache={}):
                 # the Triton prep kernel, also where the Gluon one would run by default
                 prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
-                                    warm_up=segments is not None, prep="triton")
+                                    prep="triton")
 
             def call(cfg=cfg, prepared=prepared) -> None:
                 with swapped(kernel, configs=cfg, cache={}):
@@ -119,13 +117,10 @@ def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> 
 
 
 def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
-    names = ["fused", "sequential"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")] + \
-        [f"warm-up{c}" for c in sizes]
+    names = ["fused", "sequential"] + [f"warm-up{c}" for c in sizes]
     _sweep_variants(suite, pattern, device, names,
                     lambda p: [_prepare(p, fused=True), _prepare(p, fused=True, segment_chunks=0)] +
-                    [_prepare(p, fused=True, segment_chunks=c, fuse_output=out)
-                     for c in sizes for out in (False, True)] +
-                    [_prepare(p, fused=True, segment_chunks=c, warm_up=True) for c in sizes])
+                    [_prepare(p, fused=True, segment_chunks=c) for c in sizes])
 
 
 def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="sweep", required=True)
     for name, help_ in (("configs", "force each candidate config of one kernel"),
                         ("fuse-output", "output pass vs output folded into the state pass"),
-                        ("segments", "the sequential state pass vs the chunk-parallel one"),
+                        ("segments", "the sequential state walk vs warm-up segments"),
                         ("pipeline", "one call vs prep, walk and output pass overlapped group by group"),
                         ("walk", "the Triton walk vs the Gluon ones for Hopper, the output fused in")):
         cmd = sub.add_parser(name, help=help_)

@@ -1,13 +1,10 @@
-"""triton.chunk, triton.chunk_fused, triton.chunk_fused_cp, triton.chunk_fused_warm_up and
-triton.chunk_specialized: the bundled chunked-prefill kernels.
+"""triton.chunk, triton.chunk_fused and triton.chunk_specialized: the bundled chunked-prefill kernels.
 
 ``triton.chunk`` (gdnbench_kernels.chunk.chunk_gdn) is the standard chunkwise pipeline in five kernels (K K^T
 and the solve in one); ``triton.chunk_fused`` (gdnbench_kernels.chunk.chunk_fused_gdn) fuses the gate, K K^T
 and the triangular solve into one kernel, takes W and U's products inside the state pass instead of
 storing them and, for many sequences, folds the outputs into the state pass too (and for few or
 unequal long walks on a GPU, cuts them into warm-up segments);
-``triton.chunk_fused_cp`` is chunk_fused with the chunk-parallel state pass (SegmentLayout), and
-``triton.chunk_fused_warm_up`` the same with warm-up segments instead of the scan;
 ``triton.chunk_specialized`` is chunk_fused with its prep and walk in one warp-specialized Gluon kernel
 (Hopper only, gates given, q and k normalised beforehand). The others take raw gating, q/k L2 normalisation
 and GVA inside the kernels, and run on a CPU in Triton's interpreter. The chunk layout (from cu_seqlens, read on
@@ -40,12 +37,11 @@ def _check(case: Case, device: torch.device) -> str | None:
 
 
 def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
-             segment_chunks: int | None = None, warm_up: bool = False, output_span: int | None = None,
+             segment_chunks: int | None = None, output_span: int | None = None,
              pipeline_chunks: int | None = None, walk: str | None = None, prep: str | None = None) -> Prepared:
     """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
     default rule (``chunk.plan.fuse_output_default``). The backends take the defaults; sweeps set them.
-    segment_chunks (fused only): the chunk-parallel state pass over segments of that many chunks; warm_up:
-    their entering states from a decay-bounded warm-up walk instead of a scan (``chunk.SegmentLayout``);
+    segment_chunks (fused only): the state walk over warm-up segments of that many chunks (``chunk.SegmentLayout``);
     None: warm-up segments where the kernel's default rule says so (``chunk.plan.plan_segments``) unless
     fuse_output, walk or pipeline_chunks is given; 0: the sequential walk.
     output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk.plan.output_span_default``.
@@ -64,9 +60,8 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
     if segment_chunks is None and fused and fuse_output is None and walk is None and pipeline_chunks is None:
-        segment_chunks, warm_up = chunk.plan.plan_segments(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel,
-                                                           raw), True
-    segments = chunk.SegmentLayout.build(layout, segment_chunks, warm_up) if segment_chunks else None
+        segment_chunks = chunk.plan.plan_segments(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, raw)
+    segments = chunk.SegmentLayout.build(layout, segment_chunks) if segment_chunks else None
     walk, fuse_output = (chunk.plan.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
                                               fuse_output, raw_gate=raw, prep=prep) if fused else ("triton", False))
     prep = chunk.plan.plan_prep(p.k, raw, p.qk_l2norm_in_kernel, prep, walk) if fused else "triton"
@@ -89,7 +84,7 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
                                         output_span=span, pipeline=pipeline, walk=walk, prep=prep)
 
         kernels = "gate+kkt+solve in one, W/U in the state pass" + (
-            f", state pass over {'warm-up ' if warm_up else ''}segments of {segment_chunks} chunks" if segments
+            f", state pass over warm-up segments of {segment_chunks} chunks" if segments
             else "") + (
             f", pipelined in groups of {pipeline_chunks} chunks" if pipeline else "")
         configs = chunk.state.FUSED_STATE_CONFIGS
@@ -130,29 +125,6 @@ def triton_chunk_fused(p: Problem) -> Prepared:
     """Bundled Triton chunked prefill, gate+K K^T+solve fused, W/U in the state pass (and the output pass for
     many sequences; warm-up segments, the output in their walk, for few or unequal long walks on a GPU)."""
     return _prepare(p, fused=True)
-
-
-# chunks per segment in triton.chunk_fused_cp: of 8, 16, 32 and 64, each with the outputs folded in, on an
-# H100 at B=1 T=4096 to 65536, 32 was never more than 12% behind the best, 64 won from T=16384 by 2-11% and
-# lost by 1.3x at T=4096 and 8192; every size lost to triton.chunk_fused's sequential pass (BENCHMARKS.md,
-# fourth session, `chunk_fused_sweep segments`)
-CP_SEGMENT_CHUNKS = 32
-
-
-@backend("triton.chunk_fused_cp", requires=(CHUNK_KERNEL,), **_ENVELOPE)
-def triton_chunk_fused_cp(p: Problem) -> Prepared:
-    """triton.chunk_fused with the chunk-parallel state pass (segments of 32 chunks, a scan across them):
-    for a few long sequences, whose sequential walk over chunks has too few programs."""
-    return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS)
-
-
-@backend("triton.chunk_fused_warm_up", requires=(CHUNK_KERNEL,), **_ENVELOPE)
-def triton_chunk_fused_warm_up(p: Problem) -> Prepared:
-    """triton.chunk_fused_cp with warm-up segments: each segment of 32 chunks walks from zero (or h0) the
-    chunks before it back to where their decay reaches exp(-20), then its own, all segments at once; no scan.
-    Within exp(-20) of exact for unit-norm keys (every case's: qk_l2norm pre or kernel). triton.chunk_fused
-    takes them by default where its walks are few or unequal; this forces them everywhere, in segments of one size."""
-    return _prepare(p, fused=True, segment_chunks=CP_SEGMENT_CHUNKS, warm_up=True)
 
 
 def _check_specialized(case: Case, device: torch.device) -> str | None:

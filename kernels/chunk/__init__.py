@@ -11,9 +11,8 @@ the outputs (O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new, scaled). One 
   ``wu``      (c) W and U;
   ``state``   (d) per (sequence, value head, V-block): the walk over the sequence's chunks, the [K, BV]
               state slice in registers (fp32), storing the chunk-entry states h and v_new, or computing
-              the outputs itself (``FUSE_OUTPUT``);
-  ``output``  (e) per (block of chunks, value head, V-block): the outputs from q, k, gc, h and v_new;
-  ``scan``    the chunk-parallel state pass's scan over segments.
+              the outputs itself (``FUSE_OUTPUT``), over whole sequences or warm-up segments;
+  ``output``  (e) per (block of chunks, value head, V-block): the outputs from q, k, gc, h and v_new.
 
 ``forward.chunk_gdn`` runs one kernel per stage, every intermediate through global memory (FLA's pipeline,
 which it is measured against). ``forward.chunk_fused_gdn`` runs (a) and (b) in one kernel that stores

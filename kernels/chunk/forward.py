@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import triton
 from torch import Tensor
 
 from ..common.tuning import TunedKernel
@@ -15,7 +14,6 @@ from .output import output_kernel_for, output_pass
 from .pipeline import PipelineLayout, run_pipelined
 from .plan import output_span_default, plan_prep, plan_walk, specialized_order
 from .prep import fused_prep_kernel, kkt_solve_kernel, run_prep
-from .scan import SCAN_BV, segment_scan_kernel
 from .sm90 import GLUON_WALKS, SPECIALIZED
 from .sm90 import prep as sm90_prep
 from .sm90 import specialized as sm90_specialized
@@ -26,20 +24,13 @@ from .wu import wu_kernel
 def _state_and_output(x: Launch, kernel: TunedKernel, *, fuse_output: bool, output_final_state: bool,
                       segments: SegmentLayout | None = None) -> None:
     """(d), and (e) over blocks of x.span chunks unless the output is fused into (d); with ``segments``, (d)
-    chunk-parallel (SegmentLayout: d1-d4, or one warm-up pass). kernel: a TunedKernel of the state pass."""
+    over warm-up segments. kernel: a TunedKernel of the state pass."""
     lay, ws = x.lay, x.ws
     final = ws.final_state if output_final_state else None
     if segments is None:
         state_pass(x, kernel, lay, x.h0, final, fuse=fuse_output)
-    elif segments.warm_up:
-        state_pass(x, kernel, segments.layout, x.h0, final, 3, fuse=fuse_output, seg_parent=segments.parent)
     else:
-        state_pass(x, kernel, segments.layout, None, ws.seg_L, 1)
-        state_pass(x, kernel, segments.layout, None, ws.seg_M, 2)
-        segment_scan_kernel[(lay.N * x.HV, triton.cdiv(x.V, SCAN_BV))](
-            ws.seg_M, ws.seg_L, x.h0, ws.seg_init, final, segments.seg_offsets, HV=x.HV, K=x.K, V=x.V, BK=x.BK,
-            BV=SCAN_BV, USE_H0=x.h0 is not None, STORE_HT=final is not None, IEEE=x.ieee, num_warps=8)
-        state_pass(x, kernel, segments.layout, ws.seg_init, None, fuse=fuse_output)
+        state_pass(x, kernel, segments.layout, x.h0, final, fuse=fuse_output, seg_parent=segments.parent)
     if not fuse_output:
         output_pass(x, output_kernel_for(x.span), lay)
 
@@ -123,7 +114,7 @@ def chunk_fused_gdn(
     ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
     fuse_output=..., segments=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
     None: ``fuse_output_default(layout, HV, K, segments)``. segments (``SegmentLayout.build``):
-    the chunk-parallel state pass instead of one walk over each sequence's chunks. output_span: chunks
+    the walk over warm-up segments, all at once, instead of one walk over each sequence's chunks. output_span: chunks
     per output-pass block, 1 or 2 (the state is stored once per block; a workspace allocated with the
     same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
     pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the

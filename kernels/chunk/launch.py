@@ -68,18 +68,16 @@ def prepare_launch(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tens
     if segments is not None and (segments.layout.tokens != lay.tokens or segments.seg_offsets.numel() != lay.N + 1):
         raise ValueError("segments must cut this batch's layout")
     if segments is not None and output_span != 1:  # a segment may end inside a pair of the batch's chunks
-        raise ValueError("the chunk-parallel state pass stores the state of every chunk (output_span 1)")
-    if segments is not None and segments.warm_up and not fuse_output:
+        raise ValueError("warm-up segments store the state of no chunk (output_span 1)")
+    if segments is not None and not fuse_output:
         # its warm-up chunks belong to the segment before, whose entering states are never stored
         raise ValueError("warm-up segments compute the outputs in the state pass (fuse_output=True)")
     ws = workspace or ChunkWorkspace.allocate(lay, q, v, stages=stages, raw_gate=a is not None,
                                               fuse_output=fuse_output, final_state=output_final_state,
                                               segments=segments, output_span=output_span, pipeline=pipeline)
-    seg = segments is not None and not segments.warm_up  # the scan's buffers
     missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
-                                       ("final_state", output_final_state), ("seg_L", seg), ("seg_M", seg),
-                                       ("seg_init", seg), ("handoff", pipeline)) if need and getattr(ws, name) is None]
+                                       ("final_state", output_final_state), ("handoff", pipeline)) if need and getattr(ws, name) is None]
     if missing or ws.Ai.shape != (B * T, HV, CHUNK) or ws.Ai.dtype != q.dtype or \
             (stages and (ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V))) or \
             (not fuse_output and ws.h.shape[0] != lay.blocks(output_span)[0]):

@@ -21,7 +21,7 @@ __all__ = ["CHUNK", "WARM_UP_LOG_DECAY", "WALK_ROW", "WALK_TAKES_H0", "WALK_STOR
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
 
 
-# A warm-up segment (SegmentLayout.warm_up) starts as many chunks back as their summed log decay needs to reach this.
+# A warm-up segment (SegmentLayout) starts as many chunks back as their summed log decay needs to reach this.
 # With unit-norm keys and beta in [0, 1] each token's transition exp(g) (I - beta k k^T) has norm <= exp(g),
 # so the state it drops is scaled by at most exp(-20) ~ 2e-9 before it reaches the segment.
 WARM_UP_LOG_DECAY = -20.0
@@ -203,17 +203,13 @@ class WalkOrder:
 
 @dataclass(frozen=True)
 class SegmentLayout:
-    """The sequences of a ChunkLayout cut into segments of at most ``chunks`` chunks, for the
-    chunk-parallel state pass: (d1) each segment's state from zero (L) and (d2) its transition M, both
-    parallel over segments; (d3) a scan over each sequence's segments, S_j+1 = M_j S_j + L_j, for the
-    state entering each one; (d4) the state pass over all segments at once from those states. The
-    sequential walk shrinks from a sequence's chunks to its segments, for 3x the state pass's work.
+    """The sequences of a ChunkLayout cut into warm-up segments of at most ``chunks`` chunks, walked all at once.
 
-    With ``warm_up``, one pass instead: each segment walks, state only, the chunks before it back to where
-    their decay reaches exp(WARM_UP_LOG_DECAY) (or its sequence's start, from h0), then its own chunks with
-    the outputs. The state this leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys);
-    where decay is strong (the suites' gates: about -31 a chunk at gate_norm 1) one chunk suffices, where
-    it is weak the warm-up reaches back to the sequence's start and the walk is as long as the sequential one.
+    Each segment walks, state only, the chunks before it back to where their decay reaches
+    exp(WARM_UP_LOG_DECAY) (or its sequence's start, from h0), then its own chunks with the outputs. The state
+    this leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys); where decay is strong one
+    chunk suffices, where it is weak the warm-up reaches back to the sequence's start and the walk is as long as
+    the sequential one (docs/decisions/0018-warm-up-segments.md).
     Built on the host once, outside any timed call.
     """
 
@@ -224,11 +220,10 @@ class SegmentLayout:
     parent_bounds: Tensor  # the sequences' ChunkLayout.seq_bounds
     sequences: tuple[int, ...]  # parent's, on the host
     sequence_spans: tuple[tuple[int, int], ...]  # parent_bounds', on the host
-    warm_up: bool = False
     _walks: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def build(cls, layout: ChunkLayout, chunks: int, warm_up: bool = False) -> SegmentLayout:
+    def build(cls, layout: ChunkLayout, chunks: int) -> SegmentLayout:
         if chunks < 1:
             raise ValueError(f"a segment needs at least one chunk, got {chunks}")
         span, device = chunks * CHUNK, layout.seq_bounds.device
@@ -241,15 +236,13 @@ class SegmentLayout:
         return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
                    parent=torch.tensor(sequences, dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
-                   sequences=tuple(sequences), sequence_spans=layout.spans, warm_up=warm_up)
+                   sequences=tuple(sequences), sequence_spans=layout.spans)
 
     def walks(self, heads: int, programs: int) -> WalkOrder:
         """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence
         n's walk n * heads + h) dealt to ``programs`` persistent programs, each as the chunks it is expected to walk
         (``warm_up_loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on
         programs of 7 chunks, where 5 suffice); built on first use and kept."""
-        if not self.warm_up:
-            raise ValueError("walks over segments take their entering states from warm-ups (warm_up=True)")
         key = heads, programs
         if key not in self._walks:
             rows = []
@@ -280,11 +273,6 @@ class ChunkWorkspace:
     v_new: Tensor | None  # [B*T, HV, V] input dtype (None: output fused into the state pass)
     h: Tensor | None  # [NT or NP, HV, K, V] input dtype, the state entering each output block (None likewise)
     final_state: Tensor | None  # [N, HV, K, V] fp32
-    # the chunk-parallel state pass (SegmentLayout), fp32, per segment: state from zero, transition,
-    # entering state
-    seg_L: Tensor | None = None  # [segments, HV, K, V]
-    seg_M: Tensor | None = None  # [segments, HV, K, K]
-    seg_init: Tensor | None = None  # [segments, HV, K, V]
     # the fused pipeline's groups (PipelineLayout): the state one group hands the next, two in turn, fp32
     handoff: Tensor | None = None  # [2, N, HV, K, V]
 
@@ -293,7 +281,7 @@ class ChunkWorkspace:
                  fuse_output: bool, final_state: bool, segments: SegmentLayout | None = None,
                  output_span: int = 1, pipeline: bool = False) -> ChunkWorkspace:
         """stages: the multi-kernel pipeline's W and U (and beta for raw gating) buffers too; segments: the
-        chunk-parallel state pass's; output_span: chunks per output block (h holds one state per block);
+        warm-up segments the walk takes, if any; output_span: chunks per output block (h holds one state per block);
         pipeline: the pipeline groups' hand-off states."""
         B, T, _, K = q.shape
         HV, V = v.shape[2], v.shape[3]
@@ -309,10 +297,6 @@ class ChunkWorkspace:
             v_new=None if fuse_output else empty(BT, HV, V),
             h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
-            **({} if segments is None or segments.warm_up else dict(
-                seg_L=empty(segments.layout.N, HV, K, V, dtype=torch.float32),
-                seg_M=empty(segments.layout.N, HV, K, K, dtype=torch.float32),
-                seg_init=empty(segments.layout.N, HV, K, V, dtype=torch.float32))),
             handoff=empty(2, layout.N, HV, K, V, dtype=torch.float32) if pipeline else None,
         )
 

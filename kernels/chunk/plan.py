@@ -117,11 +117,11 @@ def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: 
 
 def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> bool:
     """Whether the output pass folds into the state pass by default: sequences of one chunk, or many
-    sequences of about equal length or short (see FUSE_OUTPUT_MIN_HEADS). With the chunk-parallel pass the walks are the
-    segments', so the rule applies to them; warm-up segments always fold it in (they need it)."""
-    if segments is not None and segments.warm_up:
+    sequences of about equal length or short (see FUSE_OUTPUT_MIN_HEADS); warm-up segments always fold it in
+    (their warm-up chunks belong to the segment before, whose entering states are never stored)."""
+    if segments is not None:
         return True
-    lay = layout if segments is None else segments.layout
+    lay = layout
     if lay.max_len <= CHUNK:  # one chunk a walk: nothing sequential to wait for, one launch fewer
         return True
     min_heads = FUSE_OUTPUT_MIN_HEADS if K >= FUSE_OUTPUT_WIDE_K else FUSE_OUTPUT_MIN_HEADS_NARROW
@@ -131,7 +131,7 @@ def fuse_output_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
 
 def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentLayout | None = None) -> int:
     """Chunks per output-pass block by default: 2 for large problems at K >= 128 (where the output pass
-    runs at all, see OUTPUT_SPAN2_CANDIDATES), else 1; 1 with the chunk-parallel state pass."""
+    runs at all, see OUTPUT_SPAN2_CANDIDATES), else 1; 1 over warm-up segments."""
     large = layout.NT * HV >= OUTPUT_SPAN2_MIN_CHUNK_HEADS and K >= OUTPUT_SPAN2_MIN_K
     return 2 if large and segments is None else 1
 
@@ -220,8 +220,6 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     if sm90_walk.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
-        if not segments.warm_up:
-            return "triton"
         return SPECIALIZED if _specialized_segments(layout, HV, segments.chunks, q, V, raw_gate,
                                                      qk_l2norm) else "sm90_transposed"
     walks, sms, chunks = layout.N * HV, sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
@@ -255,7 +253,6 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
             walk = "triton"
     if walk == SPECIALIZED:
         why = sm90_specialized.unsupported(q, V, raw_gate, qk_l2norm) or (
-            "it walks whole sequences or warm-up segments" if segments is not None and not segments.warm_up else
             "it always computes the output in the walk" if fuse_output is False else None)
         if why:
             raise ValueError(f"walk={walk!r} cannot run this call: {why}")
@@ -263,9 +260,7 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
     if walk in GLUON_WALKS:
         module = GLUON_WALKS[walk]
         why = module.unsupported(q, V, qk_l2norm) or (
-            ("it walks whole sequences or warm-up segments" if module.TAKES_WARM_UP_SEGMENTS else
-             "it walks whole sequences (no segments)")
-            if segments is not None and not (segments.warm_up and module.TAKES_WARM_UP_SEGMENTS) else
+            "it walks whole sequences (no segments)" if segments is not None and not module.TAKES_WARM_UP_SEGMENTS else
             "it always computes the output in the walk" if fuse_output is False else None)
         if why:
             raise ValueError(f"walk={walk!r} cannot run this call: {why}")

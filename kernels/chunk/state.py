@@ -2,7 +2,7 @@
 
 The [K, BV] state slice stays in registers (fp32) across the walk. One Triton kernel serves every
 variant: chunk-entry states stored for the output pass, or the outputs computed in the walk
-(``FUSE_OUTPUT``); writes from W and U, or from Ai and V (``FROM_AI``); whole sequences or segments.
+(``FUSE_OUTPUT``); writes from W and U, or from Ai and V (``FROM_AI``); whole sequences or warm-up segments.
 ``walk_with_output`` runs the walk with the output fused in, in Triton or as a Gluon kernel for Hopper.
 """
 
@@ -74,13 +74,11 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
               scale, state_tier,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
-              SEGMENT: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
+              WARM_UP: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
               IEEE: tl.constexpr, BV: tl.constexpr):
     # state_tier: only a key of the tuner. h_offsets: each sequence's first h entry (its first chunk,
     # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored).
-    # SEGMENT (the chunk-parallel pass, see SegmentLayout; each "sequence" is then a segment): 0 the plain
-    # pass; 1 from a zero state, only the final state (ht); 2 the transition M (ht, V = K): the state from
-    # the identity with U taken as 0; 3 warm-up (SegmentLayout.warm_up): from zero, or from h0 at its
+    # WARM_UP (each "sequence" is then a warm-up segment, see SegmentLayout): from zero, or from h0 at its
     # sequence's start (seg_parent: each segment's sequence, parent_bounds: the sequences' seq_bounds), the
     # chunks back to where the decay reaches _WARM_UP_LOG_DECAY walked first, state only; the last segment
     # of a sequence stores its final state (ht).
@@ -98,7 +96,7 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
 
     i_t0 = 0
     ht_rows = K
-    if SEGMENT == 3:
+    if WARM_UP:
         i_n = tl.load(seg_parent + i_n).to(tl.int64)  # from here on: the sequence (h0, ht)
         seq_bos, seq_len = sequence_bounds(parent_bounds, i_n)
         log_decay = 0.0
@@ -114,8 +112,6 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
         ht_rows = tl.where(bos + n_tok == seq_bos + seq_len, K, 0)  # only a sequence's last segment stores ht
     elif USE_H0:
         b_h = load_tile(h0 + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, K, V, cols_v, V)
-    elif SEGMENT == 2:
-        b_h = tl.where((cols_k[:, None] == cols_v[None, :]) & (cols_v[None, :] < V), 1.0, 0.0)
     else:
         b_h = tl.zeros([BK, BV], dtype=tl.float32)
     base_k = k + bos * H * K + i_hk * K
@@ -130,32 +126,30 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
         rows_in = tl.minimum(rows, n_tok - 1)
         valid = rows < n_tok
         b_hd = cast(b_h, dt)
-        if not FUSE_OUTPUT and SEGMENT == 0:
+        if not FUSE_OUTPUT:
             if i_t % SPAN == 0:
                 store_tile(h + ((first_h + i_t // SPAN) * HV + i_h) * K * V, cols_k, K, V, cols_v, V, b_hd)
         b_k = load_qk(base_k, rows_in, None, H * K, K, BK, L2NORM)
         b_gc = tl.load(gc + (bos + rows_in) * HV + i_h)
         # v_new, what this chunk actually writes: U - W S, or from (I + A)^-1 diag(beta) as
-        # Ai (V - exp(gc) o (K S)) (W and U never stored); the transition (SEGMENT 2) takes V as 0
+        # Ai (V - exp(gc) o (K S)) (W and U never stored)
         if FROM_AI:
             b_x = -dot(b_k, b_hd, IEEE) * exp(b_gc)[:, None]
-            if SEGMENT != 2:
-                b_x += load_tile(v + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
+            b_x += load_tile(v + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
             b_ai = load_tile(Ai + bos * HV * BT + i_h * BT, rows_in, None, HV * BT, tl.arange(0, BT), BT)
             b_v = dot(b_ai, cast(b_x, dt), IEEE)
         else:
             b_v = -dot(load_tile(W + bos * HV * K + i_h * K, rows_in, None, HV * K, cols_k, K), b_hd, IEEE)
-            if SEGMENT != 2:
-                b_v += load_tile(U + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
+            b_v += load_tile(U + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
         b_vd = cast(b_v, dt)
         if FUSE_OUTPUT:
             b_q = load_qk(q + bos * H * K + i_hk * K, rows_in, None, H * K, K, BK, L2NORM)
             b_o = output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, scale, IEEE)
             rows_o = rows
-            if SEGMENT == 3:  # a warm-up chunk (i_t < 0) is the segment before's: it stores nothing
+            if WARM_UP:  # a warm-up chunk (i_t < 0) is the segment before's: it stores nothing
                 rows_o = tl.where(rows >= 0, rows, n_tok)
             store_tile(o + bos * HV * V + i_h * V, rows_o, n_tok, HV * V, cols_v, V, b_o)
-        elif SEGMENT == 0:
+        else:
             store_tile(v_new + bos * HV * V + i_h * V, rows, n_tok, HV * V, cols_v, V, b_vd)
         gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
         # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
@@ -166,7 +160,7 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
 
 
 state_kernel = TunedKernel(_state_fn, STATE_CONFIGS,
-                                  ["K", "V", "FUSE_OUTPUT", "SEGMENT", "SPAN", "FROM_AI", "state_tier"],
+                                  ["K", "V", "FUSE_OUTPUT", "WARM_UP", "SPAN", "FROM_AI", "state_tier"],
                                   _state_prune_by_tier)
 
 
@@ -179,19 +173,17 @@ fused_state_kernel = TunedKernel(_state_fn, FUSED_STATE_CONFIGS, ["K", "V", "FUS
 
 
 def state_pass(x: Launch, kernel, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None,
-               segment: int = 0, fuse: bool = False, h: Tensor | None = None,
-               seg_parent: Tensor | None = None) -> None:
+               fuse: bool = False, h: Tensor | None = None, seg_parent: Tensor | None = None) -> None:
     """(d) over the sequences of ``over`` from h0 (fp32, or zero), the final states to ht (or not
     stored); h: where the first block's entering state goes (default: the workspace's h, whose start
-    is over's first block); seg_parent: with segment 3 (over: segments of x.lay), each one's sequence."""
+    is over's first block); seg_parent: each warm-up segment's sequence where over holds the segments of x.lay."""
     ws = x.ws
-    V = x.K if segment == 2 else x.V  # the transition's columns run over K
-    kernel[lambda meta: (over.N * x.HV * triton.cdiv(V, meta["BV"]),)](
+    kernel[lambda meta: (over.N * x.HV * triton.cdiv(x.V, meta["BV"]),)](
         x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
         over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, x.scale,
-        state_tier(over.N, x.HV, V, over.max_len),
-        USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, SEGMENT=segment, SPAN=x.span,
-        FROM_AI=not x.stages, **{**shape_constexprs(x), "V": V})
+        state_tier(over.N, x.HV, x.V, over.max_len),
+        USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, WARM_UP=seg_parent is not None, SPAN=x.span,
+        FROM_AI=not x.stages, **shape_constexprs(x))
 
 
 def walk_with_output(x: Launch, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str,

@@ -20,8 +20,8 @@ registers; the untransposed kernel spills there), which pays where 64-column pro
 parity B=16 T=256 on an H100; in more waves, 1.03-1.15x over the Triton walk on walks of 4 chunks or more.
 On long walks at one program per SM its longer chain per chunk loses to ``walk``'s two narrow ones;
 on walks of 4 to 11 chunks it still wins there, by 1.02-1.13x, down to half the SMs. It also
-walks warm-up segments (``chunk.SegmentLayout`` with warm_up: each segment first walks a few chunks before it,
-state only, as ``chunk._chunk_state_fn`` with SEGMENT 3), whose sizes give it about two programs per SM:
+walks warm-up segments (``layout.SegmentLayout``: each segment first walks a few chunks before it,
+state only, as ``state``'s Triton walk with WARM_UP), whose sizes give it about two programs per SM:
 1.12-1.26x over the Triton walk on the same segments (qwen3-next B=1, long-prefill, parity's few long walks;
 H100).
 
@@ -178,7 +178,7 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV: gl.constexpr, WARM_UP: gl.constexpr):
         """(the walk's state's row in h0 / ht, the token its walk starts from h0 at (its sequence's start),
-        whether it ends with ht): a warm-up segment (chunk.SegmentLayout.warm_up) takes its sequence's h0 where
+        whether it ends with ht): a warm-up segment (layout.SegmentLayout) takes its sequence's h0 where
         its walk starts at the sequence's start, and stores its ht where it ends the sequence; a whole sequence,
         both always."""
         if WARM_UP:
@@ -276,7 +276,7 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
                ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
                segments: SegmentLayout | None = None) -> None:
     """``walk.fused_walk``'s call and result. long_walk: v and Ai tiles two chunks ahead (16 KB
-    more shared memory). segments: warm-up segments (``chunk.SegmentLayout`` with warm_up) of the N sequences
+    more shared memory). segments: warm-up segments (``layout.SegmentLayout``) of the N sequences
     of seq_bounds, walked instead of whole sequences, each from a few chunks before it (its outputs only)."""
     if segments is None:
         launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk,
