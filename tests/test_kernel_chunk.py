@@ -255,7 +255,7 @@ def _guarded_runs(chunk) -> dict:
                         o, final = chunk.chunk_gdn(**args, **common)
                     else:
                         o, final = chunk.chunk_fused_gdn(**args, **common, fuse_output=fuse, segments=segs,
-                                                               output_span=span)
+                                                         output_span=span)
                     run = f"{case['name']} {variant} " + ", ".join(
                         f"{name}={kernel.configs[0].kwargs['BV']}"
                         for name, (kernel, _) in tuned.items())
@@ -656,7 +656,8 @@ def test_state_candidates_follow_the_parallelism_tier():
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
     args = {"BK": 128, "V": 128, "FUSE_OUTPUT": False}
-    picked = {tier: chunk.state._state_prune_by_tier(chunk.state.STATE_CONFIGS, {**args, "state_tier": tier}) for tier in (0, 1, 2)}
+    picked = {tier: chunk.state._state_prune_by_tier(chunk.state.STATE_CONFIGS, {**args, "state_tier": tier})
+              for tier in (0, 1, 2)}
     assert {c.kwargs["BV"] for c in picked[0]} == {16, 32, 64} and len(picked[0]) == 5
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
     assert len(picked[1]) == 4
@@ -668,7 +669,8 @@ def test_state_candidates_follow_the_parallelism_tier():
     few = chunk.state._state_prune_by_tier(chunk.state.STATE_CONFIGS, {**args, "state_tier": 3})
     assert [str(c) for c in few] == [str(c) for c in picked[0]]
     # parity's one-chunk case tunes apart from its B=16 T=512 HV=8 one, and that from B=1 T=4096 HV=32
-    assert [chunk.layout.chunk_tier(1, 1), chunk.layout.chunk_tier(128, 8), chunk.layout.chunk_tier(64, 32)] == [0, 1, 2]
+    tier = chunk.layout.chunk_tier
+    assert [tier(1, 1), tier(128, 8), tier(64, 32)] == [0, 1, 2]
 
 
 def test_pruning_keeps_the_register_caps():
@@ -714,7 +716,8 @@ def test_the_fused_walk_at_v128_has_one_config():
         pytest.skip("one config under the interpreter")
     def offered(V: int, fused: bool = True) -> list[tuple]:
         args = {"BK": chunk.configs.tile_width(V), "V": V, "FUSE_OUTPUT": fused}
-        return [chunk.configs.config_settings(c)[:3] for c in chunk.state._state_prune(chunk.state.FUSED_STATE_CONFIGS, args)]
+        kept = chunk.state._state_prune(chunk.state.FUSED_STATE_CONFIGS, args)
+        return [chunk.configs.config_settings(c)[:3] for c in kept]
 
     assert offered(128) == [chunk.state.FUSED_WALK_V128] == [(64, 4, 2)]
     assert sorted(offered(64)) == [(32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 8, 3)]
@@ -856,6 +859,28 @@ def test_a_pipeline_cuts_every_sequence_into_groups():
     other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
     with pytest.raises(ValueError, match="cuts this call's sequences"):
         chunk.chunk_fused_gdn(**kw, layout=lay, pipeline=chunk.PipelineLayout.build(other, 2))
+
+
+def test_a_plan_is_made_once_and_executed_as_it_stands():
+    """default_plan decides every field on the host, any one forced; chunk_fused_gdn executes a plan, or makes
+    one from the fields it is given, not both; describe names what the plan runs."""
+    from gdnbench_kernels import chunk
+
+    kw = BY_NAME["padded-T100-gva2-K64-h0"]["kw"]
+    lay = chunk.ChunkLayout.build(2, 100, None, CPU)
+    shape = dict(raw_gate=False, qk_l2norm=False)
+    plan = chunk.default_plan(lay, kw["q"], kw["k"], 64, 2, **shape)
+    assert plan.fused and plan.walk == "triton" and plan.prep == "triton"  # no Gluon kernel on a CPU
+    assert plan.segments is None and plan.pipeline is None  # warm-up segments only on a GPU; 2 chunks a walk
+    assert chunk.default_plan(lay, kw["q"], kw["k"], 64, 2, fused=False, **shape) == chunk.plan.STAGES_PLAN
+    forced = chunk.default_plan(lay, kw["q"], kw["k"], 64, 2, fuse_output=False, output_span=2, **shape)
+    assert not forced.fuse_output and forced.output_span == 2
+    assert chunk.describe(forced).startswith("gate+kkt+solve in one, W/U in the state pass, prep[")
+    assert "output per 2 chunks[" in chunk.describe(forced)
+    with pytest.raises(ValueError, match="a plan is given"):
+        chunk.chunk_fused_gdn(**kw, layout=lay, plan=plan, walk="triton")
+    with pytest.raises(ValueError, match="runs through chunk_gdn"):
+        chunk.chunk_fused_gdn(**kw, layout=lay, plan=chunk.plan.STAGES_PLAN)
 
 
 def test_a_workspace_must_fit_the_variant():

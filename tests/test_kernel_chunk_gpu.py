@@ -85,8 +85,8 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
 
         def call() -> None:
             chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=run.endswith("-output"), segments=segments, output_span=span,
-                                        prep=prep)
+                                  fuse_output=run.endswith("-output"), segments=segments, output_span=span,
+                                  prep=prep)
 
     measure(call, device=DEVICE, config=SHORT)
     if DEVICE.type == "cuda":
@@ -136,7 +136,7 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
 
         def call() -> None:
             chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=fuse_output, output_span=span, pipeline=pipe, walk=walk)
+                                  fuse_output=fuse_output, output_span=span, pipeline=pipe, walk=walk)
 
         launches.clear()
         call()  # the Gluon walk runs once per group, or not at all

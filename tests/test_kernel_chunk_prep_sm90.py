@@ -92,10 +92,11 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
 
     stages = {}
     for prep in ("sm90", "triton"):  # the prep kernel alone, into NaN-poisoned gc and Ai
-        x = chunk.launch.prepare_launch(**{n: kw.get(n) for n in ("q", "k", "v", "g", "beta", "a", "b", "A_log", "dt_bias")},
-                               scale=kw["scale"], initial_state=None, output_final_state=False,
-                               cu_seqlens=kw.get("cu_seqlens"), layout=layout, qk_l2norm=False, out=None,
-                               workspace=None, stages=False, fuse_output=True)
+        inputs = ("q", "k", "v", "g", "beta", "a", "b", "A_log", "dt_bias")
+        x = chunk.launch.prepare_launch(**{n: kw.get(n) for n in inputs},
+                                        scale=kw["scale"], initial_state=None, output_final_state=False,
+                                        cu_seqlens=kw.get("cu_seqlens"), layout=layout, qk_l2norm=False, out=None,
+                                        workspace=None, stages=False, fuse_output=True)
         x.ws.gc.fill_(float("nan"))
         x.ws.Ai.fill_(float("nan"))
         chunk.forward.run_prep(x, layout, prep)
@@ -113,7 +114,7 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
 
     def call() -> None:
         chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out, fuse_output=True,
-                                    prep="sm90")
+                              prep="sm90")
 
     measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                   max_samples=10, min_time_s=0.0, max_time_s=0.2))

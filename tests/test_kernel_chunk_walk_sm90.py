@@ -116,9 +116,10 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
     layout = chunk.ChunkLayout.build(1, 64, None, "cpu")
     with pytest.raises(ValueError, match="pipeline"):
         chunk.chunk_fused_gdn(**kw, layout=layout, walk="sm90_specialized",
-                                    pipeline=chunk.PipelineLayout.build(layout, 1))
+                              pipeline=chunk.PipelineLayout.build(layout, 1))
     monkeypatch.undo()
-    from gdnbench_kernels.chunk.sm90 import prep as chunk_prep_sm90, walk as chunk_walk_sm90  # the envelope: both kernels', any GPU faked
+    # the envelope: both kernels', any GPU faked
+    from gdnbench_kernels.chunk.sm90 import prep as chunk_prep_sm90, walk as chunk_walk_sm90
 
     for module in (chunk_prep_sm90, chunk_walk_sm90):
         monkeypatch.setattr(module, "unsupported_inputs", lambda q: None)
@@ -278,7 +279,7 @@ def test_pipelined_groups_each_run_the_sm90_walk(monkeypatch):
     monkeypatch.setattr(chunk.pipeline, "run_prep", lambda *a: None)
     monkeypatch.setattr(chunk.state, "state_pass", lambda *a, **k: pytest.fail("the Triton walk ran"))
     chunk.chunk_fused_gdn(**kw, initial_state=h0, output_final_state=True, layout=layout, workspace=ws,
-                                pipeline=pipe, walk="sm90")
+                          pipeline=pipe, walk="sm90")
     assert len(walks) == len(pipe.groups) == 5
     for g, (group, (*_, h_in, h_out, seq_bounds, N, _scale)) in enumerate(zip(pipe.groups, walks)):
         assert torch.equal(seq_bounds, group.seq_bounds) and N == group.N == 3
@@ -326,7 +327,7 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
 
         def call() -> None:
             chunk.chunk_fused_gdn(**kw, output_final_state=final, layout=layout, workspace=ws, out=out,
-                                        fuse_output=True, walk=walk)
+                                  fuse_output=True, walk=walk)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))
@@ -411,7 +412,7 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
 
         def call() -> None:
             chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=True, segments=segments, walk=walk)
+                                  fuse_output=True, segments=segments, walk=walk)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))

@@ -1,4 +1,5 @@
-"""gdnbench_kernels.common.tuning: ``fastest`` and ``TunedKernel``, every bundled kernel's tuner (timing on a GPU only)."""
+"""gdnbench_kernels.common.tuning: ``fastest`` and ``TunedKernel``, every bundled kernel's tuner (timing on a GPU
+only)."""
 
 from __future__ import annotations
 

@@ -36,22 +36,10 @@ def _check(case: Case, device: torch.device) -> str | None:
     return None
 
 
-def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
-             segment_chunks: int | None = None, output_span: int | None = None,
-             pipeline_chunks: int | None = None, walk: str | None = None, prep: str | None = None) -> Prepared:
-    """fuse_output (fused variant only): fold the output pass into the state pass; None: the kernel's
-    default rule (``chunk.plan.fuse_output_default``). The backends take the defaults; sweeps set them.
-    segment_chunks (fused only): the state walk over warm-up segments of that many chunks (``chunk.SegmentLayout``);
-    None: warm-up segments where the kernel's default rule says so (``chunk.plan.plan_segments``) unless
-    fuse_output, walk or pipeline_chunks is given; 0: the sequential walk.
-    output_span (fused only): chunks per output-pass block, 1 or 2; None: ``chunk.plan.output_span_default``.
-    pipeline_chunks (fused only, no segments): prep, walk and output pass (or the walk with the output fused
-    in) in groups of that many chunks of every sequence, overlapped on their own streams
-    (``chunk.PipelineLayout``); None: the kernel's default rule (``chunk.plan.pipeline_default``),
-    0: one call. walk (fused only): "triton", or a Gluon walk on Hopper, "sm90" or "sm90_transposed"
-    (``chunk.sm90.GLUON_WALKS``; the output fused in) or "sm90_specialized" (prep and walk in one kernel);
-    None: the kernel's default rule (``chunk.plan.plan_walk``: the Triton walk when fuse_output is False).
-    prep (fused only): "triton", or "sm90" for the Gluon prep kernel on Hopper; None: ``chunk.plan.plan_prep``."""
+def _prepare(p: Problem, *, fused: bool, **forced: Any) -> Prepared:
+    """The call's plan made once here (``chunk.default_plan``: the kernel's default rules, with the fields
+    in ``forced`` forced; the backends force none, sweeps one at a time), its workspace and output
+    allocated, and the call that executes it."""
     from gdnbench_kernels import chunk
 
     case = p.case
@@ -59,47 +47,27 @@ def _prepare(p: Problem, *, fused: bool, fuse_output: bool | None = None,
     gating: dict[str, Any] = (dict(a=p.a, b=p.b, A_log=p.A_log, dt_bias=p.dt_bias) if raw
                               else dict(g=p.g, beta=p.beta))
     layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, p.device)
-    if segment_chunks is None and fused and fuse_output is None and walk is None and pipeline_chunks is None:
-        segment_chunks = chunk.plan.plan_segments(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, raw)
-    segments = chunk.SegmentLayout.build(layout, segment_chunks) if segment_chunks else None
-    walk, fuse_output = (chunk.plan.plan_walk(layout, p.q, case.V, case.HV, p.qk_l2norm_in_kernel, segments, walk,
-                                              fuse_output, raw_gate=raw, prep=prep) if fused else ("triton", False))
-    prep = chunk.plan.plan_prep(p.k, raw, p.qk_l2norm_in_kernel, prep, walk) if fused else "triton"
-    if output_span is None:
-        output_span = chunk.plan.output_span_default(layout, case.HV, case.K, segments)
-    span = output_span if fused and not fuse_output else 1
-    if pipeline_chunks is None:
-        pipeline_chunks = chunk.plan.pipeline_default(layout, case.HV, fuse_output, segments, walk) if fused else None
-    pipeline = chunk.PipelineLayout.build(layout, pipeline_chunks) if pipeline_chunks else None
-    ws = chunk.ChunkWorkspace.allocate(layout, p.q, p.v, stages=not fused, raw_gate=raw, fuse_output=fuse_output,
-                                       final_state=case.output_final_state, segments=segments, output_span=span,
-                                       pipeline=pipeline is not None)
+    plan = chunk.default_plan(layout, p.q, p.k, case.V, case.HV, raw_gate=raw, qk_l2norm=p.qk_l2norm_in_kernel,
+                              fused=fused, **forced)
+    ws = plan.workspace(layout, p.q, p.v, raw_gate=raw, final_state=case.output_final_state)
     o = torch.empty(*p.v.shape[:3], case.V, dtype=p.q.dtype, device=p.device)  # written by every call
     kw: dict[str, Any] = dict(gating, scale=p.scale, initial_state=p.initial_state,
                               output_final_state=case.output_final_state, cu_seqlens=p.cu_seqlens, layout=layout,
                               qk_l2norm=p.qk_l2norm_in_kernel, out=o, workspace=ws)
     if fused:
         def call() -> None:
-            chunk.chunk_fused_gdn(p.q, p.k, p.v, **kw, fuse_output=fuse_output, segments=segments,
-                                        output_span=span, pipeline=pipeline, walk=walk, prep=prep)
+            chunk.chunk_fused_gdn(p.q, p.k, p.v, **kw, plan=plan)
 
-        kernels = "gate+kkt+solve in one, W/U in the state pass" + (
-            f", state pass over warm-up segments of {segment_chunks} chunks" if segments
-            else "") + (
-            f", pipelined in groups of {pipeline_chunks} chunks" if pipeline else "")
         configs = chunk.state.FUSED_STATE_CONFIGS
     else:
         def call() -> None:
             chunk.chunk_gdn(p.q, p.k, p.v, **kw)
 
-        kernels = "gate, kkt+solve, wu"
         configs = chunk.state.STATE_CONFIGS
 
     if len(configs) > 1:  # autotune (or hit its cache) now, untimed, so the row says which config runs
         call()
-    describe = (chunk.describe_fused(fuse_output=fuse_output, output_span=span, walk=walk, prep=prep) if fused
-                else chunk.describe(fuse_output=False))
-    notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {kernels}, {describe}"]
+    notes = [f"gdnbench triton chunk{'_fused' if fused else ''}: {chunk.describe(plan)}"]
     if raw:
         notes.append("raw gating fused")
     if p.qk_l2norm_in_kernel:

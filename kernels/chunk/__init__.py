@@ -17,8 +17,9 @@ the outputs (O = exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new, scaled). One 
 ``forward.chunk_gdn`` runs one kernel per stage, every intermediate through global memory (FLA's pipeline,
 which it is measured against). ``forward.chunk_fused_gdn`` runs (a) and (b) in one kernel that stores
 Ai = (I + A)^-1 diag(beta), takes each chunk's writes in the walk as v_new = Ai (V - exp(gc) o (K S)) (W and
-U never stored), and, where ``plan`` decides so, folds the output into the walk, cuts the walks into
-warm-up segments, pipelines the stages (``pipeline``) or runs the Gluon kernels for Hopper (``sm90``).
+U never stored), and executes a ``plan.ChunkPlan``: made once on the host from the problem's layout, it says
+whether the output folds into the walk, whether the walks are cut into warm-up segments, whether the stages
+are pipelined (``pipeline``) and which kernels run, the Gluon kernels for Hopper (``sm90``) among them.
 
 Layout (``layout``): every token-indexed buffer is flat over tokens ([B * T, heads, dim]) and every kernel
 finds its sequence through ``seq_bounds``, so padded and varlen batches are one code path. Chunks never
@@ -34,12 +35,12 @@ there is one config per kernel and no tuning (``common.device`` covers where the
 """
 
 from ..common.interpreter import runs_interpreted
-from .forward import chunk_fused_gdn, chunk_gdn, describe, describe_fused
+from .forward import chunk_fused_gdn, chunk_gdn, describe
 from .gate import chunk_gate_kernel
-from .layout import CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout, WalkOrder
-from .pipeline import PipelineLayout
+from .layout import CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout, WalkOrder
+from .plan import ChunkPlan, default_plan
 
-__all__ = ["chunk_gdn", "chunk_fused_gdn", "describe", "describe_fused", "ChunkLayout", "ChunkWorkspace",
+__all__ = ["chunk_gdn", "chunk_fused_gdn", "describe", "ChunkPlan", "default_plan", "ChunkLayout", "ChunkWorkspace",
            "SegmentLayout", "WalkOrder", "PipelineLayout", "CHUNK", "INTERPRETED"]
 
 # Triton compiles or interprets a kernel as it is decorated: what the stage kernels got

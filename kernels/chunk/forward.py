@@ -9,10 +9,10 @@ from ..common.tuning import TunedKernel
 from .configs import config_str, tile_width
 from .gate import chunk_gate_kernel
 from .launch import Launch, prepare_launch
-from .layout import CHUNK, ChunkLayout, ChunkWorkspace, SegmentLayout
+from .layout import CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout
 from .output import output_kernel_for, output_pass
-from .pipeline import PipelineLayout, run_pipelined
-from .plan import output_span_default, plan_prep, plan_walk, specialized_order
+from .pipeline import run_pipelined
+from .plan import ChunkPlan, make_plan, specialized_order
 from .prep import fused_prep_kernel, kkt_solve_kernel, run_prep
 from .sm90 import GLUON_WALKS, SPECIALIZED
 from .sm90 import prep as sm90_prep
@@ -103,74 +103,71 @@ def chunk_fused_gdn(
     qk_l2norm: bool = False,
     out: Tensor | None = None,
     workspace: ChunkWorkspace | None = None,
-    fuse_output: bool | None = None,
-    segments: SegmentLayout | None = None,
-    output_span: int | None = None,
-    pipeline: PipelineLayout | None = None,
+    plan: ChunkPlan | None = None,
     walk: str | None = None,
     prep: str | None = None,
+    fuse_output: bool | None = None,
+    output_span: int | None = None,
+    segments: SegmentLayout | None = None,
+    pipeline: PipelineLayout | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Chunked gated delta rule prefill in two or three launches; arguments and result as
-    ``chunk.chunk_gdn``'s (a prebuilt workspace: ``ChunkWorkspace.allocate(..., stages=False,
-    fuse_output=..., segments=...)``). fuse_output: compute the outputs in the state pass (no h, v_new);
-    None: ``fuse_output_default(layout, HV, K, segments)``. segments (``SegmentLayout.build``):
-    the walk over warm-up segments, all at once, instead of one walk over each sequence's chunks. output_span: chunks
-    per output-pass block, 1 or 2 (the state is stored once per block; a workspace allocated with the
-    same ``output_span``); None: ``output_span_default(layout, HV, K, segments)``; 1 with fuse_output.
-    pipeline (``PipelineLayout.build`` of this layout): prep, walk and output pass (or the walk with the
-    output fused in) group by group, overlapped on their own streams (a workspace allocated with
-    ``pipeline=True``); never with segments. walk: "triton", or a Gluon walk for Hopper (the output fused in):
-    "sm90" (sm90_walk, no segments) or "sm90_transposed" (sm90_walk_transposed, also over warm-up
-    segments); or SPECIALIZED, the prep and the walk in one kernel (sm90_specialized: also over warm-up
-    segments, no pipeline, prep None); None: the default (``plan_walk``). prep: "triton", or "sm90"
-    for the Gluon prep kernel of sm90_prep (Hopper; gates given, no in-kernel L2 norm); None: the default
-    (``plan_prep``).
+    """Chunked gated delta rule prefill in two or three launches; arguments and result as ``chunk_gdn``'s.
+    plan: how the call runs (``plan.default_plan`` or ``plan.make_plan``, made once on the host; a prebuilt
+    workspace from ``plan.workspace``); None: ``plan.make_plan`` of this call with the fields given here
+    forced (walk, prep, fuse_output, output_span, segments, pipeline: see ``plan.ChunkPlan``). The plan is
+    executed as it stands.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
-    HV, K, V = v.shape[2], q.shape[3], v.shape[3]
-    walk, fuse = plan_walk(lay, q, V, HV, qk_l2norm, segments, walk, fuse_output, raw_gate=a is not None, prep=prep)
-    prep = plan_prep(k, a is not None, qk_l2norm, prep, walk)
-    span = 1 if fuse else output_span_default(lay, HV, K, segments) if output_span is None else output_span
-    if pipeline is not None and (segments is not None or pipeline.spans != lay.spans):
-        raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
-    if pipeline is not None and walk == SPECIALIZED:
-        raise ValueError(f"a pipeline overlaps separate prep and walk kernels, which walk={SPECIALIZED!r} has not")
+    fields = dict(walk=walk, prep=prep, fuse_output=fuse_output, output_span=output_span, segments=segments,
+                  pipeline=pipeline)
+    if plan is None:
+        plan = make_plan(lay, q, k, v.shape[3], v.shape[2], raw_gate=a is not None, qk_l2norm=qk_l2norm, **fields)
+    elif any(value is not None for value in fields.values()):
+        raise ValueError("a plan is given: its fields come from the plan, not from the call")
+    if not plan.fused:
+        raise ValueError("the multi-kernel pipeline's plan runs through chunk_gdn")
     x = prepare_launch(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
-                       out=out, workspace=workspace, stages=False, fuse_output=fuse, segments=segments, output_span=span,
-                       pipeline=pipeline is not None)
-    if pipeline is not None:
-        run_pipelined(x, pipeline, fuse, output_final_state, walk, prep)
-    elif walk == SPECIALIZED:
-        sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0,
-                                           x.ws.final_state if output_final_state else None,
-                                           specialized_order(lay, HV, q.device, segments), x.scale,
-                                           warm_up=segments is not None)
+                       out=out, workspace=workspace, stages=False, fuse_output=plan.fuse_output,
+                       segments=plan.segments, output_span=plan.output_span, pipeline=plan.pipeline is not None)
+    final = x.ws.final_state if output_final_state else None
+    if plan.pipeline is not None:
+        run_pipelined(x, plan.pipeline, plan.fuse_output, output_final_state, plan.walk, plan.prep)
+    elif plan.walk == SPECIALIZED:
+        sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final,
+                                           specialized_order(lay, x.HV, q.device, plan.segments), x.scale,
+                                           warm_up=plan.segments is not None)
     else:
-        run_prep(x, lay, prep)
-        if walk in GLUON_WALKS:
-            walk_with_output(x, lay, x.h0, x.ws.final_state if output_final_state else None, walk, segments)
+        run_prep(x, lay, plan.prep)
+        if plan.walk in GLUON_WALKS:
+            walk_with_output(x, lay, x.h0, final, plan.walk, plan.segments)
         else:
-            _state_and_output(x, fused_state_kernel if fuse else state_kernel, fuse_output=fuse,
-                              output_final_state=output_final_state, segments=segments)
+            _state_and_output(x, fused_state_kernel if plan.fuse_output else state_kernel,
+                              fuse_output=plan.fuse_output, output_final_state=output_final_state,
+                              segments=plan.segments)
     return x.out, x.ws.final_state if output_final_state else None
 
 
-def describe(kernel: TunedKernel | None = None, *, fuse_output: bool = False, output_span: int = 1) -> str:
-    """The state (and output) pass configs of the latest launch, for a result row's path."""
-    state = f"state[{config_str(kernel or state_kernel)}]"
+def describe(plan: ChunkPlan) -> str:
+    """What a plan runs and the configs its tuned kernels ran last, for a result row's path."""
+    if not plan.fused:
+        return "gate, kkt+solve, wu, " + _passes(state_kernel, fuse_output=False, output_span=1)
+    kernels = "gate+kkt+solve in one, W/U in the state pass" + (
+        f", state pass over warm-up segments of {plan.segments.chunks} chunks" if plan.segments else "") + (
+        f", pipelined in groups of {plan.pipeline.chunks} chunks" if plan.pipeline else "")
+    if plan.walk == SPECIALIZED:
+        return f"{kernels}, {sm90_specialized.describe()}"
+    prep = sm90_prep.describe() if plan.prep == "sm90" else f"prep[{config_str(fused_prep_kernel)}]"
+    if plan.walk in GLUON_WALKS:
+        return f"{kernels}, {prep}, {GLUON_WALKS[plan.walk].describe()}"
+    walk_kernel = fused_state_kernel if plan.fuse_output else state_kernel
+    return f"{kernels}, {prep}, " + _passes(walk_kernel, fuse_output=plan.fuse_output, output_span=plan.output_span)
+
+
+def _passes(kernel: TunedKernel, *, fuse_output: bool, output_span: int) -> str:
+    """The state (and output) pass configs of the latest launch."""
+    state = f"state[{config_str(kernel)}]"
     if fuse_output:
         return state + "+output fused"
     per = "" if output_span == 1 else f" per {output_span} chunks"
     return state + f", output{per}[{config_str(output_kernel_for(output_span))}]"
-
-
-def describe_fused(*, fuse_output: bool, output_span: int = 1, walk: str = "triton", prep: str = "triton") -> str:
-    """The prep, state (and output) pass configs of the latest fused launch, for a result row's path."""
-    if walk == SPECIALIZED:
-        return sm90_specialized.describe()
-    prep_str = sm90_prep.describe() if prep == "sm90" else f"prep[{config_str(fused_prep_kernel)}]"
-    if walk in GLUON_WALKS:
-        return f"{prep_str}, {GLUON_WALKS[walk].describe()}"
-    return f"{prep_str}, " + describe(fused_state_kernel if fuse_output else None, fuse_output=fuse_output,
-                                      output_span=output_span)

@@ -56,7 +56,8 @@ def prepare_launch(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tens
                                      head_dim_limit="one key tile per chunk")
     lay = ChunkLayout.build(B, T, cu_seqlens, q.device) if layout is None else layout
     if layout is not None and (tuple(layout.seq_bounds.shape) != (lay.N, 2) or lay.tokens != B * T or
-                               tuple(lay.chunk_indices.shape) != (lay.NT, 2) or lay.chunk_offsets.numel() != lay.N + 1 or
+                               tuple(lay.chunk_indices.shape) != (lay.NT, 2) or
+                               lay.chunk_offsets.numel() != lay.N + 1 or
                                (cu_seqlens is None and lay.N != B) or (cu_seqlens is not None and B != 1)):
         # a layout of a longer batch would send every kernel past the ends of this one's buffers
         raise ValueError("layout does not describe this batch")
@@ -77,7 +78,8 @@ def prepare_launch(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tens
                                               segments=segments, output_span=output_span, pipeline=pipeline)
     missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
-                                       ("final_state", output_final_state), ("handoff", pipeline)) if need and getattr(ws, name) is None]
+                                       ("final_state", output_final_state), ("handoff", pipeline))
+               if need and getattr(ws, name) is None]
     if missing or ws.Ai.shape != (B * T, HV, CHUNK) or ws.Ai.dtype != q.dtype or \
             (stages and (ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V))) or \
             (not fuse_output and ws.h.shape[0] != lay.blocks(output_span)[0]):

@@ -2,7 +2,8 @@
 
 Built on the host once, outside any timed call: ``ChunkLayout`` (chunks of every sequence, padded or
 varlen, as token ranges), ``WalkOrder`` (walks dealt to persistent programs), ``SegmentLayout`` (sequences
-cut into segments), ``ChunkWorkspace`` (every intermediate buffer) and the tuner's size tiers.
+cut into warm-up segments), ``PipelineLayout`` (chunks in groups), ``ChunkWorkspace`` (every intermediate
+buffer) and the tuner's size tiers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import triton
 from torch import Tensor
 
 __all__ = ["CHUNK", "WARM_UP_LOG_DECAY", "WALK_ROW", "WALK_TAKES_H0", "WALK_STORES_HT", "ChunkLayout", "WalkOrder",
-           "SegmentLayout", "ChunkWorkspace", "deal_longest_first", "warm_up_loads", "chunk_tier", "state_tier"]
+           "SegmentLayout", "PipelineLayout", "ChunkWorkspace", "deal_longest_first", "warm_up_loads", "chunk_tier",
+           "state_tier"]
 
 
 CHUNK = 64  # tokens per chunk; the block inverse below is written for 4 x 16
@@ -253,6 +255,41 @@ class SegmentLayout:
             self._walks[key] = WalkOrder.deal(rows, [load for load in loads for _ in range(heads)], programs,
                                               self.parent.device, drop_empty=True)
         return self._walks[key]
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """A batch's chunks in groups, for a pipelined call: group g takes chunks [g * chunks, (g + 1) * chunks)
+    of every sequence (an even number, so that no pair of the output pass straddles two groups; empty
+    for sequences already done). Group g's walk (the state pass, on a high-priority stream) waits only
+    for group g's prep kernel, which ran beside group g - 1's walk, and group g's output pass (unless the
+    output is fused into the walk) runs as soon as its walk is done, beside the next walk. A walk hands
+    each sequence's state to the next group's through an fp32 buffer, the values it kept in registers,
+    so the results are those of one walk. Built on the host once, outside timed calls."""
+
+    chunks: int  # chunks per group
+    spans: tuple[tuple[int, int], ...]  # the batch's sequences, as in its ChunkLayout
+    groups: tuple[ChunkLayout, ...]
+
+    @classmethod
+    def build(cls, layout: ChunkLayout, chunks: int) -> PipelineLayout:
+        if chunks < 2 or chunks % 2:
+            raise ValueError(f"a pipeline group takes an even number of chunks, got {chunks}")
+        if layout.max_len == 0:
+            raise ValueError("nothing to pipeline: every sequence is empty")
+        span, device = chunks * CHUNK, layout.seq_bounds.device
+        return cls(chunks=chunks, spans=layout.spans, groups=tuple(
+            ChunkLayout.from_spans([(min(s + t, e), min(s + t + span, e)) for s, e in layout.spans], layout.tokens,
+                                   device)
+            for t in range(0, layout.max_len, span)))
+
+    def firsts(self, span: int) -> list[int]:
+        """Each group's first block of ``span`` chunks in the batch's numbering (groups in turn, each
+        sequence-major): where its chunks' scratch and entering states sit in the workspace."""
+        firsts = [0]
+        for group in self.groups[:-1]:
+            firsts.append(firsts[-1] + group.blocks(span)[0])
+        return firsts
 
 
 @dataclass

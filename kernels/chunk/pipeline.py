@@ -1,50 +1,14 @@
-"""A pipelined call: prep, walk and output pass group by group, overlapped on three streams."""
+"""A pipelined call (``layout.PipelineLayout``): prep, walk and output pass group by group, on three streams."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from .launch import Launch
-from .layout import CHUNK, ChunkLayout
+from .layout import PipelineLayout
 from .output import output_kernel_for, output_pass
 from .prep import run_prep
 from .state import state_kernel, state_pass, walk_with_output
-
-
-@dataclass(frozen=True)
-class PipelineLayout:
-    """A batch's chunks in groups, for a pipelined call: group g takes chunks [g * chunks, (g + 1) * chunks)
-    of every sequence (an even number, so that no pair of the output pass straddles two groups; empty
-    for sequences already done). Group g's walk (the state pass, on a high-priority stream) waits only
-    for group g's prep kernel, which ran beside group g - 1's walk, and group g's output pass (unless the
-    output is fused into the walk) runs as soon as its walk is done, beside the next walk. A walk hands
-    each sequence's state to the next group's through an fp32 buffer, the values it kept in registers,
-    so the results are those of one walk. Built on the host once, outside timed calls."""
-
-    spans: tuple[tuple[int, int], ...]  # the batch's sequences, as in its ChunkLayout
-    groups: tuple[ChunkLayout, ...]
-
-    @classmethod
-    def build(cls, layout: ChunkLayout, chunks: int) -> PipelineLayout:
-        if chunks < 2 or chunks % 2:
-            raise ValueError(f"a pipeline group takes an even number of chunks, got {chunks}")
-        if layout.max_len == 0:
-            raise ValueError("nothing to pipeline: every sequence is empty")
-        span, device = chunks * CHUNK, layout.seq_bounds.device
-        return cls(spans=layout.spans, groups=tuple(
-            ChunkLayout.from_spans([(min(s + t, e), min(s + t + span, e)) for s, e in layout.spans], layout.tokens,
-                                   device)
-            for t in range(0, layout.max_len, span)))
-
-    def firsts(self, span: int) -> list[int]:
-        """Each group's first block of ``span`` chunks in the batch's numbering (groups in turn, each
-        sequence-major): where its chunks' scratch and entering states sit in the workspace."""
-        firsts = [0]
-        for group in self.groups[:-1]:
-            firsts.append(firsts[-1] + group.blocks(span)[0])
-        return firsts
 
 
 _STREAMS: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]] = {}

@@ -7,13 +7,16 @@ threshold has one line of why and a decision record under docs/decisions/ with t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 from torch import Tensor
 
-from .layout import CHUNK, ChunkLayout, SegmentLayout, WalkOrder, deal_longest_first, warm_up_loads
+from .layout import (CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout, WalkOrder, deal_longest_first,
+                     warm_up_loads)
 from .sm90 import GLUON_WALKS, SPECIALIZED
 from .sm90 import prep as sm90_prep
 from .sm90 import specialized as sm90_specialized
@@ -269,3 +272,75 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
         raise ValueError(f"walk must be one of {['triton', *GLUON_WALKS, SPECIALIZED]}, got {walk!r}")
     K = q.shape[-1]
     return walk, fuse_output_default(layout, HV, K, segments) if fuse_output is None else fuse_output
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How one chunked call runs, decided once on the host from its layout (``make_plan``, ``default_plan``):
+    ``forward.chunk_fused_gdn`` executes it without deciding again, and ``forward.describe`` names it."""
+
+    fused: bool  # the fused pipeline (forward.chunk_fused_gdn); else one kernel per stage (forward.chunk_gdn)
+    walk: str  # "triton", a Gluon walk (sm90.GLUON_WALKS) or SPECIALIZED
+    prep: str  # "triton", "sm90" (sm90.prep) or SPECIALIZED (done in the walk's kernel)
+    fuse_output: bool  # the outputs computed in the walk, no output pass
+    output_span: int  # chunks per output-pass block, 1 or 2
+    segments: SegmentLayout | None  # warm-up segments, or whole sequences
+    pipeline: PipelineLayout | None  # groups overlapped on three streams, or one call
+
+    def workspace(self, layout: ChunkLayout, q: Tensor, v: Tensor, *, raw_gate: bool,
+                  final_state: bool) -> ChunkWorkspace:
+        """The buffers this plan's launches use, allocated once outside timed calls."""
+        return ChunkWorkspace.allocate(layout, q, v, stages=not self.fused, raw_gate=raw_gate,
+                                       fuse_output=self.fuse_output, final_state=final_state, segments=self.segments,
+                                       output_span=self.output_span, pipeline=self.pipeline is not None)
+
+
+# the multi-kernel pipeline decides nothing: every stage is its own launch
+STAGES_PLAN = ChunkPlan(fused=False, walk="triton", prep="triton", fuse_output=False, output_span=1, segments=None,
+                        pipeline=None)
+
+
+def make_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, raw_gate: bool, qk_l2norm: bool,
+              walk: str | None = None, prep: str | None = None, fuse_output: bool | None = None,
+              output_span: int | None = None, segments: SegmentLayout | None = None,
+              pipeline: PipelineLayout | None = None) -> ChunkPlan:
+    """The fused pipeline's plan with these fields forced and the others (None) by the default rules
+    (``plan_walk``, ``plan_prep``, ``output_span_default``); segments and pipeline as given (None: none).
+    Raises ValueError for fields that cannot go together."""
+    walk, fuse = plan_walk(layout, q, V, HV, qk_l2norm, segments, walk, fuse_output, raw_gate=raw_gate, prep=prep)
+    prep = plan_prep(k, raw_gate, qk_l2norm, prep, walk)
+    K = q.shape[-1]
+    span = 1 if fuse else output_span_default(layout, HV, K, segments) if output_span is None else output_span
+    return _checked(ChunkPlan(fused=True, walk=walk, prep=prep, fuse_output=fuse, output_span=span, segments=segments,
+                              pipeline=pipeline), layout)
+
+
+def _checked(plan: ChunkPlan, layout: ChunkLayout) -> ChunkPlan:
+    """plan, where its pipeline can run; raises ValueError where not."""
+    if plan.pipeline is not None and (plan.segments is not None or plan.pipeline.spans != layout.spans):
+        raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
+    if plan.pipeline is not None and plan.walk == SPECIALIZED:
+        raise ValueError(f"a pipeline overlaps separate prep and walk kernels, which walk={SPECIALIZED!r} has not")
+    return plan
+
+
+def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, raw_gate: bool, qk_l2norm: bool,
+                 fused: bool = True, walk: str | None = None, prep: str | None = None,
+                 fuse_output: bool | None = None, output_span: int | None = None, segment_chunks: int | None = None,
+                 pipeline_chunks: int | None = None) -> ChunkPlan:
+    """A call's plan by the default rules, any field forced (sweeps force one at a time). segment_chunks: warm-up
+    segments of that many chunks (``plan_segments`` where None, unless fuse_output, walk or pipeline_chunks is
+    forced; 0: whole sequences); pipeline_chunks: groups of that many chunks (``pipeline_default`` where None;
+    0: one call). fused False: the multi-kernel pipeline, which has nothing to decide."""
+    if not fused:
+        return STAGES_PLAN
+    if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
+        segment_chunks = plan_segments(layout, q, V, HV, qk_l2norm, raw_gate)
+    segments = SegmentLayout.build(layout, segment_chunks) if segment_chunks else None
+    plan = make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep,
+                     fuse_output=fuse_output, output_span=output_span, segments=segments)
+    if pipeline_chunks is None:
+        pipeline_chunks = pipeline_default(layout, HV, plan.fuse_output, segments, plan.walk)
+    if not pipeline_chunks:
+        return plan
+    return _checked(dataclasses.replace(plan, pipeline=PipelineLayout.build(layout, pipeline_chunks)), layout)

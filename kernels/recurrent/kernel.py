@@ -206,7 +206,8 @@ def _recurrent_item(
         # the slot's mask, empty for a padding sequence (written as a comparison: the interpreter
         # rejects a tensor mask and-ed with a scalar bool)
         k_live = tl.where(live, K, 0)
-        pool_h = pool + (tl.maximum(slot, 0) * HV + i_h) * (K * V)  # scalar: the tile's pointers are rebuilt at the store
+        # scalar: the tile's pointers are rebuilt at the store
+        pool_h = pool + (tl.maximum(slot, 0) * HV + i_h) * (K * V)
         # plain loads and stores of the pool: with eviction_policy="evict_first" on them (meant to keep q/k/v
         # in L2 while the pool streams through) one-token decode ran 2.6-4.8% slower on an H200
         b_h = tl.load(pool_h + offs_kv, mask=(keys < k_live) & mask_v[:, None, None], other=0.0).to(tl.float32)
