@@ -40,7 +40,7 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def exp(x):
-        """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
+        """exp of fp32 x as one ex2.approx.ftz (common.device.exp's)."""
         return exp2(x * LOG2E)
 
     @gluon.jit

@@ -148,8 +148,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
-        """-A = -diag(beta)(Gamma o K K^T) (``solve_inverse``'s input) from KK = K K^T below the diagonal, 0 on and above
-        it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat
+        """-A = -diag(beta)(Gamma o K K^T) (``solve_inverse``'s input) from KK = K K^T below the diagonal, 0 on and
+        above it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat
         the last token's row, finite where it is. Unmasked (the gates above the diagonal, which ``solve_inverse`` never
         reads, left to overflow) this kernel was 1.6-3.3% slower ."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
@@ -193,7 +193,7 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _chunk_rows(item, chunk_indices, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
         """The first token of item's chunk (items: (chunk, value head), value heads fastest, as
-        chunk._chunk_program: GVA heads share the key tile in L2) and the chunk's rows in its sequence."""
+        tiles.chunk_program: GVA heads share the key tile in L2) and the chunk's rows in its sequence."""
         i_c = item // HV
         i_n = gl.load(chunk_indices + 2 * i_c)
         tok = gl.load(seq_bounds + 2 * i_n).to(gl.int32) + gl.load(chunk_indices + 2 * i_c + 1) * BT

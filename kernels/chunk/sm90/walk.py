@@ -1,6 +1,6 @@
 """The fused pipeline's walk with the output fused in, for Hopper (sm_90), in Gluon with asynchronous wgmma.
 
-The same math as ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT: one program per (sequence, value
+The same math as ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT: one program per (sequence, value
 head, V-block of BV columns) walks the sequence's chunks with its [K, BV] state in registers, reading the prep
 kernel's gc and Ai = (I + A)^-1 diag(beta). Per chunk:
 
@@ -14,7 +14,7 @@ The output is retired, and stored, while the next chunk's K S runs. Tiles arrive
 chunk ahead), so that no load waits on the chain.
 
 Why a second kernel: Triton (3.6) waits for every wgmma right after issuing it, so the Triton walk runs its
-six products one after the other . Here only K S -> Ai X -> the state
+six products one after the other. Here only K S -> Ai X -> the state
 update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more than 255 registers and
 spilled, slower than the Triton walk at every size tried (H100). Q K^T issued after Ai X, rather than with
 K S, runs while v_new is stored (walk alone, H100: 1-2% at B=1 T=4096..32768 HV=32, 7% at B=4 T=1024
@@ -239,7 +239,7 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
                ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds
     ([N, 2] token ranges into the flat batch; each starts at a chunk boundary of its sequence) from h0 (fp32,
-    or zero): ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
+    or zero): ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
     [B, T, HV, 128], gc [B*T, HV] fp32, Ai [B*T, HV, 64], all contiguous (see ``unsupported``).
     long_walk: load each chunk's gc one chunk ahead and its q, v and Ai tiles two (28 KB more shared memory; for
     long walks: ``state.walk_with_output``)."""

@@ -1,6 +1,6 @@
 """The fused pipeline's walk with the output fused in, for Hopper (sm_90), in Gluon, with the state transposed.
 
-The math of ``walk`` (and of ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT), computed on
+The math of ``walk`` (and of ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT), computed on
 transposed tiles: one program per (sequence, value head, V-block of 64 columns) keeps S^T [64, K] in registers,
 so that the state itself is the register A operand of K S and Q S, and the key and query tiles are read from
 shared memory once per 64 value columns instead of once per 32. Per chunk:
