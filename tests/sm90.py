@@ -39,7 +39,7 @@ def compile_sm90(fn, signature: dict[str, str], constexprs: dict, *, interpreted
         pytest.skip(f"no triton ahead-of-time compile API here: {e}")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 5):
         pytest.skip("the ASTSource signature format used here is triton >= 3.5's")
-    from gdnbench_kernels.tuning import TunedKernel
+    from gdnbench_kernels.common.tuning import TunedKernel
 
     if isinstance(fn, TunedKernel):
         fn = fn.fn

@@ -36,7 +36,7 @@ SUITE_CASES = [
     {"mode": "varlen", "seq_lens": [5, 66], "H": 1, "HV": 2, "D": 16, "gating": "raw", "dtype": "bf16"},
     {"B": 1, "T": 2, "H": 1, "D": 512, "dtype": "fp32"},  # beyond the envelope: a SKIP row
 ]
-BACKENDS = ["triton.chunk", "triton.chunk_fused", "triton.chunk_fused_cp", "triton.chunk_fused_warm_up"]
+BACKENDS = ["triton.chunk", "triton.chunk_fused"]
 
 
 # ---- inputs of the kernel cases (built here, run in the subprocess) -----------------------------------
@@ -62,9 +62,8 @@ KERNEL_CASES = [
     make("gn10-gva1-K64-V60-fp16-nofinal", T=128, H=2, HV=2, V=60, dtype="fp16", gate_norm=10, final=False,
          fuse_output=True),
     make("raw-l2-K16-gva2", T=90, K=16, V=16, raw=True, l2=True, h0=True, fuse_output=True),
-    # decays near 1 (gate_norm 100): a state carries across many chunks, so the chunk-parallel pass's
-    # transitions are far from 0 and its scan is what gets the states right
-    # (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
+    # decays near 1 (gate_norm 100): a state carries across many chunks, so every warm-up walk reaches back
+    # to its sequence's start (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
     make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 270], K=16, V=16, gate_norm=100, h0=True),
     # decays of about -3 a chunk: warm-up walks of 7 chunks that stop before the sequence's start, whose last
     # chunks' states enter the segment nearly undecayed (a wrong warm-up shows in the outputs)
@@ -94,36 +93,34 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
     from typer.testing import CliRunner
 
     from gdnbench.cli import app
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     def no_host_sync(*_a, **_k):
         raise AssertionError("host sync in the launcher")
 
-    results: dict = {"INTERPRETED": chunk.INTERPRETED, "configs": len(chunk.STATE_CONFIGS) + len(chunk.OUTPUT_CONFIGS)}
+    results: dict = {"INTERPRETED": chunk.INTERPRETED,
+                     "configs": len(chunk.state.STATE_CONFIGS) + len(chunk.output.OUTPUT_CONFIGS)}
     for case in torch.load(inputs):
         kw = dict(case["kw"])
         q, v = kw["q"], kw["v"]
         layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
-        # cp: the chunk-parallel state pass, one chunk per segment (the most scan steps); warm-up: the same
-        # segments from a warm-up walk (its output always fused in): one chunk back under strong decay, back
-        # to the sequence's start (and its h0) under weak decay
-        segments = {"cp": chunk.SegmentLayout.build(layout, 1),
-                    "warm-up": chunk.SegmentLayout.build(layout, 1, warm_up=True)}
+        # warm-up: segments of one chunk from a warm-up walk (its output always fused in): one chunk back under
+        # strong decay, back to the sequence's start (and its h0) under weak decay
+        segments = {"warm-up": chunk.SegmentLayout.build(layout, 1)}
         # pairs: the output pass over pairs of chunks (the output never fused in); pipe: that, pipelined in
         # groups of two chunks of every sequence; pipe-out: pipelined with the output fused into the walk
-        variants = (("chunk", True), ("fused", False), ("cp", False), ("warm-up", False), ("pairs", False),
+        variants = (("chunk", True), ("fused", False), ("warm-up", False), ("pairs", False),
                     ("pipe", False), ("pipe-out", False))
         for variant, stages in variants:
             span = 2 if variant in ("pairs", "pipe") else 1
-            fuse = (variant in ("fused", "cp") and case["fuse_output"]) or variant in ("pipe-out", "warm-up")
+            fuse = (variant == "fused" and case["fuse_output"]) or variant in ("pipe-out", "warm-up")
             try:
-                pipe = chunk_fused.PipelineLayout.build(layout, 2) if variant.startswith("pipe") else None
+                pipe = chunk.PipelineLayout.build(layout, 2) if variant.startswith("pipe") else None
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw, fuse_output=fuse,
                                                    final_state=kw["output_final_state"],
                                                    segments=segments.get(variant), output_span=span,
                                                    pipeline=pipe is not None)
-                for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "seg_L", "seg_M",
-                             "seg_init", "handoff"):
+                for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "handoff"):
                     if getattr(ws, name) is not None:
                         getattr(ws, name).fill_(float("nan"))
                 out = torch.full_like(v, float("nan"))
@@ -134,7 +131,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                     if variant == "chunk":
                         o, final = chunk.chunk_gdn(**kw, layout=layout, out=out, workspace=ws)
                     else:
-                        o, final = chunk_fused.chunk_fused_gdn(
+                        o, final = chunk.chunk_fused_gdn(
                             **kw, layout=layout, out=out, workspace=ws, fuse_output=fuse, output_span=span,
                             segments=segments.get(variant),
                             pipeline=pipe)
@@ -147,7 +144,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
             except Exception as e:  # reported by the test of that case
                 res = {"error": f"{type(e).__name__}: {e}"}
             results[(case["name"], variant)] = res
-    results["guards"] = _guarded_runs(chunk, chunk_fused)
+    results["guards"] = _guarded_runs(chunk)
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:]}
     torch.save(results, outputs)
@@ -164,16 +161,16 @@ def _sequence_major(pipe, span: int) -> list[int]:
     return order
 
 
-def guard_rounds(chunk, chunk_fused) -> int:
+def guard_rounds(chunk) -> int:
     """How many guarded runs per case and variant: one per block width (BV) of the kernel with the most;
     the interpreter runs no warps or stages, so a candidate's BV is all that changes what it does (the
     prep kernel has no block width: its one config runs in every round)."""
-    lists = (chunk_fused.STATE_CANDIDATES, chunk.STATE_CANDIDATES, chunk.OUTPUT_CANDIDATES,
-             chunk_fused.OUTPUT_SPAN2_CANDIDATES)
+    lists = (chunk.state.FUSED_STATE_CANDIDATES, chunk.state.STATE_CANDIDATES, chunk.output.OUTPUT_CANDIDATES,
+             chunk.output.OUTPUT_SPAN2_CANDIDATES)
     return max(len({cand[0] for cand in c}) for c in lists)
 
 
-def _guarded_runs(chunk, chunk_fused) -> dict:
+def _guarded_runs(chunk) -> dict:
     """Each GUARD_CASES case through chunk_gdn and chunk_fused_gdn (output fused and not), every tensor
     guarded, in ``guard_rounds`` rounds (round i: each tuned kernel forced to its i-th block width):
     the number of runs and what went wrong, by run."""
@@ -198,12 +195,12 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
         margins = torch.cat([big[:GUARD], big[GUARD + n:]])
         return bool(torch.isnan(margins).all()) if big.dtype.is_floating_point else bool((margins == sentinel).all())
 
-    tuned = {"fused-state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
-             "state": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES),
-             "output": (chunk._chunk_output_kernel, chunk.OUTPUT_CANDIDATES),
-             "output-pairs": (chunk_fused._output_span2_kernel, chunk_fused.OUTPUT_SPAN2_CANDIDATES)}
+    tuned = {"fused-state": (chunk.state.fused_state_kernel, chunk.state.FUSED_STATE_CANDIDATES),
+             "state": (chunk.state.state_kernel, chunk.state.STATE_CANDIDATES),
+             "output": (chunk.output.output_kernel, chunk.output.OUTPUT_CANDIDATES),
+             "output-pairs": (chunk.output.output_span2_kernel, chunk.output.OUTPUT_SPAN2_CANDIDATES)}
     saved = {name: (kernel.configs, kernel.best_config) for name, (kernel, _) in tuned.items()}
-    rounds = guard_rounds(chunk, chunk_fused)
+    rounds = guard_rounds(chunk)
     problems: dict[str, str] = {}
     runs = 0
     try:
@@ -218,13 +215,10 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                     widths = sorted({cand[0] for cand in candidates})
                     kernel.configs = [triton.Config({"BV": widths[min(i, len(widths) - 1)]}, num_warps=4, num_stages=1)]
                     kernel.cache.clear()
-                # cp reruns the state pass's kernel over segments: its block widths are the other
-                # variants' rounds, so one round of it (with and without the output fused in) covers the
-                # scan and the segment modes (cp-warm-up: the warm-up walk, which reads before its segments)
+                # warm-up reruns the state pass's kernel over segments: its block widths are the other
+                # variants' rounds, so one round of it covers the warm-up walk, which reads before its segments
                 variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
-                            ("fused-pairs", False, False),
-                            *([("cp", False, False), ("cp-out", False, True), ("cp-warm-up", False, True)]
-                              if i == 0 else []))
+                            ("fused-pairs", False, False), *([("warm-up", False, True)] if i == 0 else []))
                 for variant, stages, fuse in variants:
                     bufs.clear()
                     span = 2 if variant == "fused-pairs" else 1
@@ -238,12 +232,10 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                                                  pair_offsets=guarded(x.pair_offsets))
 
                     lay = guarded_layout(lay0)
-                    segs = None if not variant.startswith("cp") else chunk.SegmentLayout(
+                    segs = None if variant != "warm-up" else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
                         parent=guarded(seg0.parent), parent_bounds=guarded(seg0.parent_bounds),
-                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans,
-                        warm_up=variant == "cp-warm-up")
-                    NS = seg0.layout.N
+                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans)
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
                     args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else guarded(kw["cu_seqlens"])
@@ -257,17 +249,14 @@ def _guarded_runs(chunk, chunk_fused) -> dict:
                         beta=guarded(shape=(BT, HV), dtype=f32) if stages and "a" in kw else None,
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.blocks(span)[0], HV, K, V), dtype=dt),
-                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
-                        **({} if segs is None or segs.warm_up else dict(seg_L=guarded(shape=(NS, HV, K, V), dtype=f32),
-                                                        seg_M=guarded(shape=(NS, HV, K, K), dtype=f32),
-                                                        seg_init=guarded(shape=(NS, HV, K, V), dtype=f32))))
+                        final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32))
                     out = guarded(shape=v.shape, dtype=dt)
                     common = dict(layout=lay, out=out, workspace=ws)
                     if variant == "chunk":
                         o, final = chunk.chunk_gdn(**args, **common)
                     else:
-                        o, final = chunk_fused.chunk_fused_gdn(**args, **common, fuse_output=fuse, segments=segs,
-                                                               output_span=span)
+                        o, final = chunk.chunk_fused_gdn(**args, **common, fuse_output=fuse, segments=segs,
+                                                         output_span=span)
                     run = f"{case['name']} {variant} " + ", ".join(
                         f"{name}={kernel.configs[0].kwargs['BV']}"
                         for name, (kernel, _) in tuned.items())
@@ -310,38 +299,33 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
     shape = dict(H=2, HV=4, K=D, V=D, BT=64, BK=D)
     prep_shape = dict(H=2, HV=4, K=D, BT=64, BK=D)
     return [
-        ("chunk", "_chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
-        ("chunk", "_chunk_kkt_solve_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
-        ("chunk", "_chunk_wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
+        ("chunk.gate", "chunk_gate_kernel", dict(HV=4, BT=64, RAW_GATE=True, g=None, beta=None), 1),
+        ("chunk.prep", "kkt_solve_kernel", dict(H=2, HV=4, K=D, BT=64, BK=D, L2NORM=True, IEEE=False), 4),
+        ("chunk.wu", "wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, WARM_UP=False,
                                           SPAN=1, FROM_AI=False, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
                                           Ai=None), 4),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=0,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, WARM_UP=False,
                                           SPAN=2, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, W=None,
                                           U=None), 4),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=False, SEGMENT=2,
-                                          SPAN=1, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
-                                          W=None, U=None, h=None, v_new=None, o=None, h0=None), 4),
-        ("chunk", "_segment_scan_kernel", dict(HV=4, K=D, V=D, BK=D, BV=32, USE_H0=True, STORE_HT=True,
-                                               IEEE=False), 8),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=0,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, WARM_UP=False,
                                           SPAN=1, FROM_AI=True, L2NORM=True, IEEE=False, BV=16, W=None, U=None,
                                           h=None, v_new=None, h0=None), 4),
-        ("chunk", "_chunk_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=True, SEGMENT=3,
+        ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=True, WARM_UP=True,
                                           SPAN=1, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, W=None, U=None,
                                           h=None, v_new=None), 4),
-        ("chunk", "_chunk_output_kernel", dict(shape, SPAN=1, L2NORM=True, IEEE=False, BV=64), 4),
-        ("chunk_fused", "_output_span2_kernel", dict(shape, SPAN=2, L2NORM=False, IEEE=False, BV=64), 4),
-        ("chunk_fused", "_chunk_prep_kernel", dict(prep_shape, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
+        ("chunk.output", "output_kernel", dict(shape, SPAN=1, L2NORM=True, IEEE=False, BV=64), 4),
+        ("chunk.output", "output_span2_kernel", dict(shape, SPAN=2, L2NORM=False, IEEE=False, BV=64), 4),
+        ("chunk.prep", "fused_prep_kernel", dict(prep_shape, RAW_GATE=False, L2NORM=False, IEEE=False, a=None,
                                                    b=None, A_log=None, dt_bias=None), 4),
-        ("chunk_fused", "_chunk_prep_kernel", dict(prep_shape, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
+        ("chunk.prep", "fused_prep_kernel", dict(prep_shape, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
                                                    beta=None), 4),
     ]
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("D", [128, 64])
-@pytest.mark.parametrize("index", range(13))
+@pytest.mark.parametrize("index", range(11))
 def test_kernel_compiles_for_sm90(D, index):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     from gdnbench_kernels import chunk
@@ -374,7 +358,7 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused", "cp", "warm-up", "pairs", "pipe", "pipe-out"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "warm-up", "pairs", "pipe", "pipe-out"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
@@ -403,7 +387,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     flat = {"gc": ref.gc, "Ai": ref.A_inv if variant == "chunk" else ref.A_inv_beta, "W": ref.W, "U": ref.U,
             "v_new": ref.v_new}
     expect = {"gc", "Ai"} | ({"W", "U"} if variant == "chunk" else set())
-    if not (variant in ("fused", "cp") and case["fuse_output"]) and variant not in ("pipe-out", "warm-up"):
+    if not (variant == "fused" and case["fuse_output"]) and variant not in ("pipe-out", "warm-up"):
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -425,10 +409,10 @@ def test_kernel_matches_the_references(interpreted, name, variant):
 
 def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     """Every GPU candidate config of every tuned kernel, both variants, guarded tensors (_guarded_runs)."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk, chunk_fused) * 4 + 3)
+    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk) * 4 + 1)
     assert guards["problems"] == {}
 
 
@@ -478,11 +462,11 @@ def test_gdnbench_run_end_to_end_under_the_interpreter(interpreted):
     (1, 65, None, 1, 64, False),
 ])
 def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, fused):
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     cu = None if seqs is None else torch.tensor([0, *torch.tensor(seqs).cumsum(0).tolist()])
     layout = chunk.ChunkLayout.build(B, T if seqs is None else sum(seqs), cu, CPU)
-    assert chunk_fused.fuse_output_default(layout, HV, K) is fused
+    assert chunk.plan.fuse_output_default(layout, HV, K) is fused
 
 
 @pytest.mark.parametrize("B,T,HV,K,span", [
@@ -491,21 +475,21 @@ def test_output_fused_by_default_only_where_measured_faster(B, T, seqs, HV, K, f
     (1, 8192, 32, 64, 1),  # K = 64: h is a smaller share of the bytes (measured at K = 128 only)
 ])
 def test_output_over_pairs_of_chunks_only_for_large_problems(B, T, HV, K, span):
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     layout = chunk.ChunkLayout.build(B, T, None, CPU)
-    assert chunk_fused.output_span_default(layout, HV, K) == span
-    assert chunk_fused.output_span_default(layout, HV, K, chunk.SegmentLayout.build(layout, 8)) == 1
+    assert chunk.plan.output_span_default(layout, HV, K) == span
+    assert chunk.plan.output_span_default(layout, HV, K, chunk.SegmentLayout.build(layout, 8)) == 1
 
 
-def test_with_segments_the_output_rule_looks_at_the_segments():
-    """B=1 T=65536 HV=32: one walk is too few to fuse the outputs into, 32 or 16 segments are not."""
-    from gdnbench_kernels import chunk, chunk_fused
+def test_warm_up_segments_fold_the_output_into_the_walk():
+    """B=1 T=65536 HV=32: one walk is too few to fuse the outputs into; warm-up segments always take them."""
+    from gdnbench_kernels import chunk
 
     layout = chunk.ChunkLayout.build(1, 65536, None, CPU)
-    assert not chunk_fused.fuse_output_default(layout, 32, 128)
-    assert chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 32))
-    assert chunk_fused.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 64))
+    assert not chunk.plan.fuse_output_default(layout, 32, 128)
+    assert chunk.plan.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 32))
+    assert chunk.plan.fuse_output_default(layout, 32, 128, chunk.SegmentLayout.build(layout, 64))
 
 
 # ---- host side, without running a kernel --------------------------------------------------------------
@@ -530,7 +514,8 @@ def test_walks_are_dealt_longest_first_to_the_least_loaded_program():
     """ChunkLayout.walk_order: each walk (sequence n, head h: n * heads + h) once; equal walks in their order round
     the programs (the stride a persistent kernel would take); unequal ones so that the longest do not meet on one
     program, as they do in order; kept for the next call."""
-    from gdnbench_kernels.chunk import ChunkLayout, WalkOrder, warm_up_loads
+    from gdnbench_kernels.chunk import ChunkLayout, WalkOrder
+    from gdnbench_kernels.chunk.layout import warm_up_loads
 
     def mine(order: WalkOrder, p: int) -> list[int]:  # program p's walks, in its order
         return order.walks[:, 0].tolist()[p::order.programs][:order.counts[p]]
@@ -580,9 +565,9 @@ def test_a_regular_first_round_is_told_apart():
     assert padded.walk_order(2, 4).regular(2) == (130, 3)
     assert padded.walk_order(2, 4).regular(1) == (0, 0)  # walk p's sequence is p // 2, not p
     assert padded.walk_order(2, 12).regular(2) == (0, 0)  # programs 10 and 11 have no walk
-    one_each = SegmentLayout.build(padded, 3, warm_up=True).walks(2, 4)
+    one_each = SegmentLayout.build(padded, 3).walks(2, 4)
     assert one_each.regular(2) == (130, 2)  # a segment that ends its sequence stores ht; the kernel finds h0
-    assert SegmentLayout.build(padded, 2, warm_up=True).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
+    assert SegmentLayout.build(padded, 2).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 130, 260, 390]), CPU)  # equal, but longest first: in order
     assert varlen.walk_order(1, 3).regular(1) == (130, 3)
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 100, 260, 390]), CPU)
@@ -591,7 +576,7 @@ def test_a_regular_first_round_is_told_apart():
 
 
 def test_segments_cut_each_sequence_at_chunk_boundaries():
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     lay = chunk.ChunkLayout.build(1, 400, torch.tensor([0, 130, 130, 194, 400]), CPU)
     # 128 tokens a segment; the empty sequence gets one empty segment, whose program stores its final state
@@ -607,7 +592,7 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
     lay = chunk.ChunkLayout.build(1, 464, kw["cu_seqlens"], CPU)
     other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
     with pytest.raises(ValueError, match="must cut this batch's layout"):
-        chunk_fused.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
+        chunk.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
 
 
 @pytest.mark.parametrize("chunks", [1, 2, 3])
@@ -620,7 +605,7 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
 
     lengths = [200, 0, 64, 300]  # chunks 4, 0, 1, 5
     layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
-    segments = chunk.SegmentLayout.build(layout, chunks, warm_up=True)
+    segments = chunk.SegmentLayout.build(layout, chunks)
     heads, programs = 2, 3
     order = segments.walks(heads, programs)
     assert segments.walks(heads, programs) is order
@@ -629,7 +614,7 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
     for n, (start, end) in enumerate(layout.spans):
         for first in range(start, end, chunks * chunk.CHUNK):
             last = min(first + chunks * chunk.CHUNK, end)
-            expected += [(n * heads + h, start, first, last, chunk.WALK_STORES_HT if last == end else 0)
+            expected += [(n * heads + h, start, first, last, chunk.layout.WALK_STORES_HT if last == end else 0)
                          for h in range(heads)]
     assert sorted(rows) == sorted(expected)
     assert order.empty.tolist() == [1 * heads + h for h in range(heads)]  # the empty sequence's, dealt to none
@@ -637,8 +622,6 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
               [tuple(order.walks[i * programs + p].tolist()) for i in range(order.counts[p])]] for p in range(programs)]
     assert order.program_chunks.tolist() == [sum(mine) for mine in loads]
     assert order.makespan == max(map(sum, loads)) and order.chunks == sum(-(-n // 64) for n in lengths) * heads
-    with pytest.raises(ValueError, match="warm_up=True"):
-        chunk.SegmentLayout.build(layout, chunks).walks(heads, programs)
 
 
 def test_a_layout_of_another_batch_is_rejected():
@@ -674,19 +657,21 @@ def test_state_candidates_follow_the_parallelism_tier():
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
     args = {"BK": 128, "V": 128, "FUSE_OUTPUT": False}
-    picked = {tier: chunk._state_prune_by_tier(chunk.STATE_CONFIGS, {**args, "state_tier": tier}) for tier in (0, 1, 2)}
+    picked = {tier: chunk.state._state_prune_by_tier(chunk.state.STATE_CONFIGS, {**args, "state_tier": tier})
+              for tier in (0, 1, 2)}
     assert {c.kwargs["BV"] for c in picked[0]} == {16, 32, 64} and len(picked[0]) == 5
     assert {c.kwargs["BV"] for c in picked[1]} == {c.kwargs["BV"] for c in picked[2]} == {32, 64}
     assert len(picked[1]) == 4
-    assert [chunk.state_tier(1, 32, 128, 4096), chunk.state_tier(16, 8, 128, 512),
-            chunk.state_tier(64, 32, 128, 64)] == [3, 4, 2]
-    assert chunk.state_tier(1, 1, 64, 63) == 0  # one short walk: tuned apart from the long ones
+    assert [chunk.layout.state_tier(1, 32, 128, 4096), chunk.layout.state_tier(16, 8, 128, 512),
+            chunk.layout.state_tier(64, 32, 128, 64)] == [3, 4, 2]
+    assert chunk.layout.state_tier(1, 1, 64, 63) == 0  # one short walk: tuned apart from the long ones
     # parallelism counts value columns: 16 sequences of 4 heads at V = 64 are as few programs as 32 at 128
-    assert chunk.state_tier(16, 4, 64, 1024) == chunk.state_tier(8, 4, 128, 1024) == 3
-    few = chunk._state_prune_by_tier(chunk.STATE_CONFIGS, {**args, "state_tier": 3})
+    assert chunk.layout.state_tier(16, 4, 64, 1024) == chunk.layout.state_tier(8, 4, 128, 1024) == 3
+    few = chunk.state._state_prune_by_tier(chunk.state.STATE_CONFIGS, {**args, "state_tier": 3})
     assert [str(c) for c in few] == [str(c) for c in picked[0]]
     # parity's one-chunk case tunes apart from its B=16 T=512 HV=8 one, and that from B=1 T=4096 HV=32
-    assert [chunk.chunk_tier(1, 1), chunk.chunk_tier(128, 8), chunk.chunk_tier(64, 32)] == [0, 1, 2]
+    tier = chunk.layout.chunk_tier
+    assert [tier(1, 1), tier(128, 8), tier(64, 32)] == [0, 1, 2]
 
 
 def test_pruning_keeps_the_register_caps():
@@ -701,22 +686,22 @@ def test_pruning_keeps_the_register_caps():
         return sorted((c.kwargs["BV"], c.num_warps, c.num_stages, c.maxnreg or 0) for c in configs)
 
     # the output pass at V = 64: BV 128 configs mask down to BV 64, beside the capped (64, 4, 2)
-    assert settings(chunk._bv_prune(chunk.OUTPUT_CONFIGS, {"V": 64})) == [
+    assert settings(chunk.configs.bv_prune(chunk.output.OUTPUT_CONFIGS, {"V": 64})) == [
         (64, 4, 2, 0), (64, 4, 2, 128), (64, 4, 3, 0), (64, 8, 3, 0)]
 
 
 @pytest.mark.parametrize("V", [16, 32, 60, 64])
 def test_the_fused_walk_is_never_offered_a_miscompiled_config(V):
     """At D = 16 and 32 the prune caps the (64, 4, 1) candidate of the walk with the output fused in to a
-    single-stage BV 16 / 32 config, which Triton 3.6 compiles wrongly (chunk._miscompiled): dropped there,
+    single-stage BV 16 / 32 config, which Triton 3.6 compiles wrongly (chunk.state._miscompiled): dropped there,
     kept at BV 64; the walk without the output keeps it."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
-    args = {"BK": chunk._tile_width(V), "V": V}
-    fused = chunk._state_prune(chunk_fused.STATE_CONFIGS, {**args, "FUSE_OUTPUT": True})
-    plain = chunk._state_prune(chunk_fused.STATE_CONFIGS, {**args, "FUSE_OUTPUT": False})
+    args = {"BK": chunk.configs.tile_width(V), "V": V}
+    fused = chunk.state._state_prune(chunk.state.FUSED_STATE_CONFIGS, {**args, "FUSE_OUTPUT": True})
+    plain = chunk.state._state_prune(chunk.state.FUSED_STATE_CONFIGS, {**args, "FUSE_OUTPUT": False})
     single_stage = [c.kwargs["BV"] for c in fused if c.num_stages == 1]
     assert single_stage == ([] if V <= 32 else [64])
     assert len(plain) == len(fused) + (V <= 32) and fused
@@ -726,28 +711,29 @@ def test_the_fused_walk_at_v128_has_one_config():
     """With the output fused in at V = 128, (64, 4, 2) won every case forced on an H100 and an H200, and the
     others, picked now and then on the first case of an autotune key, ran the key's other cases up to 1.4x
     slower: only it is offered there. At V = 64 the candidates stay, and so do they without the output."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
     def offered(V: int, fused: bool = True) -> list[tuple]:
-        args = {"BK": chunk._tile_width(V), "V": V, "FUSE_OUTPUT": fused}
-        return [chunk._settings(c)[:3] for c in chunk._state_prune(chunk_fused.STATE_CONFIGS, args)]
+        args = {"BK": chunk.configs.tile_width(V), "V": V, "FUSE_OUTPUT": fused}
+        kept = chunk.state._state_prune(chunk.state.FUSED_STATE_CONFIGS, args)
+        return [chunk.configs.config_settings(c)[:3] for c in kept]
 
-    assert offered(128) == [chunk.FUSED_WALK_V128] == [(64, 4, 2)]
+    assert offered(128) == [chunk.state.FUSED_WALK_V128] == [(64, 4, 2)]
     assert sorted(offered(64)) == [(32, 4, 2), (64, 4, 1), (64, 4, 2), (64, 8, 3)]
-    assert sorted(offered(128, fused=False)) == sorted(chunk_fused.STATE_CANDIDATES)
+    assert sorted(offered(128, fused=False)) == sorted(chunk.state.FUSED_STATE_CANDIDATES)
 
 
 def test_the_prep_kernel_has_no_register_cap_with_a_wide_key_tile():
     """The cap at 96 registers lost nearly every D = 128 case it was forced on (H100 and H200): offered only
     with key tiles under 128 wide, where it won a D = 64 case."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     if chunk.INTERPRETED:
         pytest.skip("one config under the interpreter")
     def caps(BK: int) -> list:
-        return [c.maxnreg for c in chunk_fused._prep_prune(chunk_fused.PREP_CONFIGS, {"BK": BK})]
+        return [c.maxnreg for c in chunk.prep._prep_prune(chunk.prep.PREP_CONFIGS, {"BK": BK})]
 
     assert caps(128) == [None] and caps(256) == [None]
     assert caps(64) == [None, 96]
@@ -758,13 +744,13 @@ def test_every_tuned_chunk_kernel_keys_on_a_size_tier():
     one-chunk case chose the output pass's and the state pass's configs for its larger cases (1.2-1.3x
     slower on an H100). Every tuned chunk kernel keys on a size tier, whose bounds split one chunk
     from many and a short walk from a long one."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    for kernel in (chunk._chunk_state_kernel, chunk._chunk_output_kernel, chunk_fused._chunk_prep_kernel,
-                   chunk_fused._state_kernel, chunk_fused._output_span2_kernel):
+    for kernel in (chunk.state.state_kernel, chunk.output.output_kernel, chunk.prep.fused_prep_kernel,
+                   chunk.state.fused_state_kernel, chunk.output.output_span2_kernel):
         assert {"state_tier", "chunk_tier"} & set(kernel.keys), kernel.keys
-    assert chunk.chunk_tier(1, 1) != chunk.chunk_tier(128, 8)
-    assert chunk.state_tier(1, 1, 64, 63) != chunk.state_tier(4, 8, 64, 2048)
+    assert chunk.layout.chunk_tier(1, 1) != chunk.layout.chunk_tier(128, 8)
+    assert chunk.layout.state_tier(1, 1, 64, 63) != chunk.layout.state_tier(4, 8, 64, 2048)
 
 
 @pytest.mark.parametrize("B,T,HV,fuse,chunks", [
@@ -779,9 +765,9 @@ def test_every_tuned_chunk_kernel_keys_on_a_size_tier():
     (4, 8192, 32, True, None),  # the output folded into the walks: measured slower
 ])
 def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks):
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    assert chunk_fused.pipeline_default(chunk.ChunkLayout.build(B, T, None, CPU), HV, fuse) == chunks
+    assert chunk.plan.pipeline_default(chunk.ChunkLayout.build(B, T, None, CPU), HV, fuse) == chunks
 
 
 @pytest.mark.parametrize("lengths,HV,V,chunks", [
@@ -798,13 +784,13 @@ def test_pipelined_by_default_only_where_measured_faster(B, T, HV, fuse, chunks)
 ])
 def test_warm_up_segments_by_default_only_where_the_walks_are_few_or_unequal(lengths, HV, V, chunks, monkeypatch):
     """warm_up_default on an H100's 132 SMs (faked on a CPU); never on a CPU."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)])
     layout = chunk.ChunkLayout.build(1, sum(lengths), cu_seqlens, CPU)
-    assert chunk_fused.warm_up_default(layout, HV, V, torch.device(CPU)) is None
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
-    assert chunk_fused.warm_up_default(layout, HV, V, torch.device("cuda")) == chunks
+    assert chunk.plan.warm_up_default(layout, HV, V, torch.device(CPU)) is None
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
+    assert chunk.plan.warm_up_default(layout, HV, V, torch.device("cuda")) == chunks
 
 
 @pytest.mark.parametrize("lengths,HV,raw,chunks", [
@@ -823,36 +809,36 @@ def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunk
     """plan_segments on a faked H100 (132 SMs, every kernel's envelope open): where the warp-specialized kernel walks
     the segments, the size whose walks (a chunk of warm-up each but a sequence's first) its 132 programs take with the
     least makespan, as WalkOrder deals them: of 16 chunks or more on few walks, from 2 on many (128 or more)."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
-    monkeypatch.setattr(chunk_fused.chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw" if raw else None)
-    for module in chunk_fused.GLUON_WALKS.values():
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk.sm90.specialized, "unsupported", lambda q, V, raw, l2: "raw" if raw else None)
+    for module in chunk.sm90.GLUON_WALKS.values():
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
-    warm_up_default = chunk_fused.warm_up_default
-    monkeypatch.setattr(chunk_fused, "warm_up_default", lambda *a: warm_up_default(*a[:3], torch.device("cuda")))
+    warm_up_default = chunk.plan.warm_up_default
+    monkeypatch.setattr(chunk.plan, "warm_up_default", lambda *a: warm_up_default(*a[:3], torch.device("cuda")))
     layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
     q = torch.empty(1, sum(lengths), 16, 128)
-    assert chunk_fused.plan_segments(layout, q, 128, HV, raw_gate=raw) == chunks
-    many = len(lengths) * HV >= chunk_fused.SPECIALIZED_MIN_WALKS
-    if chunks and not raw and (many or chunks >= chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS):
+    assert chunk.plan.plan_segments(layout, q, 128, HV, raw_gate=raw) == chunks
+    many = len(lengths) * HV >= chunk.plan.SPECIALIZED_MIN_WALKS
+    if chunks and not raw and (many or chunks >= chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS):
         def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, a chunk of warm-up each but
-            dealt = chunk.SegmentLayout.build(layout, size, warm_up=True).walks(HV, 132)  # a sequence's first
+            dealt = chunk.SegmentLayout.build(layout, size).walks(HV, 132)  # a sequence's first
             loads = [sum(-(-(end - first) // 64) + (first > start)
                          for _, start, first, end, _ in dealt.walks.tolist()[p::132][:dealt.counts[p]])
                      for p in range(132)]
             assert loads == dealt.program_chunks.tolist()
             return dealt.makespan
 
-        least = 2 if many else chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS
-        sizes = range(least, chunk_fused.SPECIALIZED_MAX_SEGMENT_CHUNKS + 1, 1 if many else 7)
+        least = 2 if many else chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS
+        sizes = range(least, chunk.plan.SPECIALIZED_MAX_SEGMENT_CHUNKS + 1, 1 if many else 7)
         assert all(makespan(chunks) <= makespan(size) for size in sizes)
 
 
 def test_a_pipeline_cuts_every_sequence_into_groups():
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    pipe = chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 2)
+    pipe = chunk.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 2)
     assert [(over.spans, over.NT, over.NP) for over in pipe.groups] == [
         (((0, 128),), 2, 1), (((128, 256),), 2, 1), (((256, 300),), 1, 1)]
     assert pipe.firsts(1) == [0, 2, 4] and pipe.firsts(2) == [0, 1, 2]
@@ -860,20 +846,42 @@ def test_a_pipeline_cuts_every_sequence_into_groups():
     # several sequences: group g takes chunks 2g, 2g + 1 of each, empty once a sequence is done; the
     # groups' blocks follow one another (a sequence's last pair may hold one chunk)
     lay = chunk.ChunkLayout.build(1, 400, torch.tensor([0, 130, 130, 194, 400]), CPU)
-    pipe = chunk_fused.PipelineLayout.build(lay, 2)
+    pipe = chunk.PipelineLayout.build(lay, 2)
     assert [over.spans for over in pipe.groups] == [((0, 128), (130, 130), (130, 194), (194, 322)),
                                                     ((128, 130), (130, 130), (194, 194), (322, 400))]
     assert [over.NT for over in pipe.groups] == [5, 3] and pipe.firsts(1) == [0, 5] and pipe.firsts(2) == [0, 3]
     assert sum(over.NT for over in pipe.groups) == lay.NT and sum(over.NP for over in pipe.groups) == lay.NP
     with pytest.raises(ValueError, match="even number of chunks"):
-        chunk_fused.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 3)
+        chunk.PipelineLayout.build(chunk.ChunkLayout.build(1, 300, None, CPU), 3)
     with pytest.raises(ValueError, match="every sequence is empty"):
-        chunk_fused.PipelineLayout.build(chunk.ChunkLayout.from_spans([(0, 0), (5, 5)], 10, CPU), 2)
+        chunk.PipelineLayout.build(chunk.ChunkLayout.from_spans([(0, 0), (5, 5)], 10, CPU), 2)
     kw = BY_NAME["weak-decay-varlen-K16-h0"]["kw"]
     lay = chunk.ChunkLayout.build(1, 464, kw["cu_seqlens"], CPU)
     other = chunk.ChunkLayout.build(1, 464, torch.tensor([0, 464]), CPU)
     with pytest.raises(ValueError, match="cuts this call's sequences"):
-        chunk_fused.chunk_fused_gdn(**kw, layout=lay, pipeline=chunk_fused.PipelineLayout.build(other, 2))
+        chunk.chunk_fused_gdn(**kw, layout=lay, pipeline=chunk.PipelineLayout.build(other, 2))
+
+
+def test_a_plan_is_made_once_and_executed_as_it_stands():
+    """default_plan decides every field on the host, any one forced; chunk_fused_gdn executes a plan, or makes
+    one from the fields it is given, not both; describe names what the plan runs."""
+    from gdnbench_kernels import chunk
+
+    kw = BY_NAME["padded-T100-gva2-K64-h0"]["kw"]
+    lay = chunk.ChunkLayout.build(2, 100, None, CPU)
+    shape = dict(raw_gate=False, qk_l2norm=False)
+    plan = chunk.default_plan(lay, kw["q"], kw["k"], 64, 2, **shape)
+    assert plan.fused and plan.walk == "triton" and plan.prep == "triton"  # no Gluon kernel on a CPU
+    assert plan.segments is None and plan.pipeline is None  # warm-up segments only on a GPU; 2 chunks a walk
+    assert chunk.default_plan(lay, kw["q"], kw["k"], 64, 2, fused=False, **shape) == chunk.plan.STAGES_PLAN
+    forced = chunk.default_plan(lay, kw["q"], kw["k"], 64, 2, fuse_output=False, output_span=2, **shape)
+    assert not forced.fuse_output and forced.output_span == 2
+    assert chunk.describe(forced).startswith("gate+kkt+solve in one, W/U in the state pass, prep[")
+    assert "output per 2 chunks[" in chunk.describe(forced)
+    with pytest.raises(ValueError, match="a plan is given"):
+        chunk.chunk_fused_gdn(**kw, layout=lay, plan=plan, walk="triton")
+    with pytest.raises(ValueError, match="runs through chunk_gdn"):
+        chunk.chunk_fused_gdn(**kw, layout=lay, plan=chunk.plan.STAGES_PLAN)
 
 
 def test_a_workspace_must_fit_the_variant():

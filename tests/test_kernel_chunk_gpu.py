@@ -26,20 +26,17 @@ SHORT = TimingConfig(timer=default_timer(DEVICE), l2="cold", warmup=2, min_sampl
 
 
 def _candidates():
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     # (module, kernel, its configs, the launcher that runs it: chunk_gdn, or chunk_fused_gdn with the
-    # output pass, with the output folded into the state pass, with the chunk-parallel state pass
-    # without or with the output folded in or with warm-up segments, or with the output pass over pairs of
-    # chunks)
-    kernels = [(chunk_fused, "_chunk_prep_kernel", chunk_fused.PREP_CONFIGS, "fused"),
-               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "fused-output"),
-               (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "chunk"),
-               (chunk, "_chunk_state_kernel", chunk.STATE_CONFIGS, "cp"),
-               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "cp-output"),
-               (chunk_fused, "_state_kernel", chunk_fused.STATE_CONFIGS, "warm-up-output"),
-               (chunk, "_chunk_output_kernel", chunk.OUTPUT_CONFIGS, "chunk"),
-               (chunk_fused, "_output_span2_kernel", chunk_fused._output_span2_kernel.configs, "span2")]
+    # output pass, with the output folded into the state pass, with warm-up segments, or with the output pass
+    # over pairs of chunks)
+    kernels = [(chunk.prep, "fused_prep_kernel", chunk.prep.PREP_CONFIGS, "fused"),
+               (chunk.state, "fused_state_kernel", chunk.state.FUSED_STATE_CONFIGS, "fused-output"),
+               (chunk.state, "state_kernel", chunk.state.STATE_CONFIGS, "chunk"),
+               (chunk.state, "fused_state_kernel", chunk.state.FUSED_STATE_CONFIGS, "warm-up-output"),
+               (chunk.output, "output_kernel", chunk.output.OUTPUT_CONFIGS, "chunk"),
+               (chunk.output, "output_span2_kernel", chunk.output.output_span2_kernel.configs, "span2")]
     return [(module, name, i, run) for module, name, configs, run in kernels for i in range(len(configs))]
 
 
@@ -66,15 +63,14 @@ def _force_config(kernel, index: int, monkeypatch) -> None:
 def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeypatch):
     _force_config(getattr(module, name), index, monkeypatch)
     gen = torch.Generator().manual_seed(index)
-    # gate_norm 10: decays weak enough that the chunk-parallel pass's transitions matter
+    # gate_norm 10: decays weak enough that the warm-up walks reach back to the sequences' starts
     kw, N = kernel_inputs(gen, B=2, T=300, H=2, HV=4, K=D, V=D, dtype="bf16", seqs=None, raw=False, l2=False,
                           gate_norm=10.0)
     kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     layout = chunk.ChunkLayout.build(2, 300, None, DEVICE)
-    segments = chunk.SegmentLayout.build(layout, 2, warm_up=run.startswith("warm-up")) \
-        if run.startswith(("cp", "warm-up")) else None  # 3 segments a sequence
+    segments = chunk.SegmentLayout.build(layout, 2) if run.startswith("warm-up") else None  # 3 segments a sequence
     span = 2 if run == "span2" else 1
     ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=run == "chunk", raw_gate=False,
                                        fuse_output=run.endswith("-output"), final_state=True, segments=segments,
@@ -88,9 +84,9 @@ def test_every_candidate_under_graph_replay(module, name, index, run, D, monkeyp
         prep = "triton" if name == "_chunk_prep_kernel" else None
 
         def call() -> None:
-            chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=run.endswith("-output"), segments=segments, output_span=span,
-                                        prep=prep)
+            chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
+                                  fuse_output=run.endswith("-output"), segments=segments, output_span=span,
+                                  prep=prep)
 
     measure(call, device=DEVICE, config=SHORT)
     if DEVICE.type == "cuda":
@@ -112,10 +108,10 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
     With the Gluon walks for Hopper too, whose groups end mid-chunk at a sequence's end.
     One config per kernel, as written (at D = 128 no prune would reshape it): a group's tuning keys (its
     walk length, its chunks) differ from the call's, and so could its pruned configs."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    for kernel in (chunk_fused._chunk_prep_kernel, chunk_fused._state_kernel, chunk._chunk_state_kernel,
-                   chunk._chunk_output_kernel, chunk_fused._output_span2_kernel):
+    for kernel in (chunk.prep.fused_prep_kernel, chunk.state.fused_state_kernel, chunk.state.state_kernel,
+                   chunk.output.output_kernel, chunk.output.output_span2_kernel):
         monkeypatch.setattr(kernel, "configs", kernel.configs[:1])
         monkeypatch.setattr(kernel, "cache", {})
 
@@ -123,7 +119,7 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
     kw, _ = kernel_inputs(gen, B=1, T=1000, H=2, HV=4, K=128, V=128, dtype="bf16", seqs=[620, 64, 316],
                           raw=False, l2=False, gate_norm=10.0)
     kw = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
-    gluon = chunk_fused.GLUON_WALKS.get(walk)
+    gluon = chunk.sm90.GLUON_WALKS.get(walk)
     if gluon and gluon.unsupported(kw["q"], 128, False):
         pytest.skip(gluon.unsupported(kw["q"], 128, False))
     layout = chunk.ChunkLayout.build(1, 1000, kw["cu_seqlens"], DEVICE)
@@ -132,15 +128,15 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
     if gluon:
         monkeypatch.setattr(gluon, "fused_walk",
                             lambda *a, real=gluon.fused_walk, **k: launches.append(a) or real(*a, **k))
-    for pipe in (None, chunk_fused.PipelineLayout.build(layout, 2)):
+    for pipe in (None, chunk.PipelineLayout.build(layout, 2)):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False,
                                            fuse_output=fuse_output, final_state=True, output_span=span,
                                            pipeline=pipe is not None)
         out = torch.full_like(kw["v"], float("nan"))
 
         def call() -> None:
-            chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=fuse_output, output_span=span, pipeline=pipe, walk=walk)
+            chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
+                                  fuse_output=fuse_output, output_span=span, pipeline=pipe, walk=walk)
 
         launches.clear()
         call()  # the Gluon walk runs once per group, or not at all
@@ -149,6 +145,6 @@ def test_a_pipelined_call_under_graph_replay_is_one_call(fuse_output, walk, monk
         if DEVICE.type == "cuda":
             torch.cuda.synchronize()
         results.append((out.clone(), ws.final_state.clone()))
-    assert len(chunk_fused.PipelineLayout.build(layout, 2).groups) == 5
+    assert len(chunk.PipelineLayout.build(layout, 2).groups) == 5
     (o1, f1), (o2, f2) = results
     assert torch.isfinite(o1).all() and torch.equal(o1, o2) and torch.equal(f1, f2)

@@ -23,7 +23,7 @@ def _sm90() -> bool:
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
 @pytest.mark.parametrize("dtype,K", [("bf16", 128), ("fp16", 128), ("bf16", 64), ("bf16", 256)])
 def test_prep_compiles_for_sm90_in_its_programs_per_sm(dtype, K):
-    from gdnbench_kernels import chunk_prep_sm90 as prep
+    from gdnbench_kernels.chunk.sm90 import prep
 
     if prep.GLUON_MISSING:
         pytest.skip(prep.GLUON_MISSING)
@@ -40,21 +40,22 @@ def test_prep_compiles_for_sm90_in_its_programs_per_sm(dtype, K):
 
 
 def test_prep_choice_and_its_errors():
-    from gdnbench_kernels import chunk_fused, chunk_prep_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import prep as chunk_prep_sm90
 
     gen = torch.Generator().manual_seed(0)
     kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
-    assert chunk_fused.plan_prep(kw["k"], False, False) == "triton"  # not on an sm_90 GPU
+    assert chunk.plan.plan_prep(kw["k"], False, False) == "triton"  # not on an sm_90 GPU
     assert chunk_prep_sm90.unsupported(kw["k"], False, False) in ("needs an sm_90 GPU", chunk_prep_sm90.GLUON_MISSING)
     with pytest.raises(ValueError, match="prep='sm90' cannot run this call"):
-        chunk_fused.chunk_fused_gdn(**kw, prep="sm90")
+        chunk.chunk_fused_gdn(**kw, prep="sm90")
     with pytest.raises(ValueError, match="prep must be"):
-        chunk_fused.chunk_fused_gdn(**kw, prep="cuda")
+        chunk.chunk_fused_gdn(**kw, prep="cuda")
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 def test_prep_envelope_on_sm90():
-    from gdnbench_kernels import chunk_prep_sm90
+    from gdnbench_kernels.chunk.sm90 import prep as chunk_prep_sm90
 
     k = torch.zeros(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
     assert chunk_prep_sm90.unsupported(k, False, False) is None
@@ -78,7 +79,7 @@ GPU_CASES = [
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
 @pytest.mark.parametrize("dtype,seqs,H,HV,K,gate_norm", GPU_CASES)
 def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV, K, gate_norm):
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(len(str(seqs)) + K)
@@ -91,13 +92,14 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
 
     stages = {}
     for prep in ("sm90", "triton"):  # the prep kernel alone, into NaN-poisoned gc and Ai
-        x = chunk_fused._setup(**{n: kw.get(n) for n in ("q", "k", "v", "g", "beta", "a", "b", "A_log", "dt_bias")},
-                               scale=kw["scale"], initial_state=None, output_final_state=False,
-                               cu_seqlens=kw.get("cu_seqlens"), layout=layout, qk_l2norm=False, out=None,
-                               workspace=None, stages=False, fuse_output=True)
+        inputs = ("q", "k", "v", "g", "beta", "a", "b", "A_log", "dt_bias")
+        x = chunk.launch.prepare_launch(**{n: kw.get(n) for n in inputs},
+                                        scale=kw["scale"], initial_state=None, output_final_state=False,
+                                        cu_seqlens=kw.get("cu_seqlens"), layout=layout, qk_l2norm=False, out=None,
+                                        workspace=None, stages=False, fuse_output=True)
         x.ws.gc.fill_(float("nan"))
         x.ws.Ai.fill_(float("nan"))
-        chunk_fused._prep(x, layout, prep)
+        chunk.forward.run_prep(x, layout, prep)
         torch.cuda.synchronize()
         stages[prep] = (x.ws.gc.double().cpu(), x.ws.Ai.double().cpu())
     (gc, ai), (gc_tri, ai_tri) = stages["sm90"], stages["triton"]
@@ -111,8 +113,8 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
     out = torch.full_like(kw["v"], float("nan"))
 
     def call() -> None:
-        chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out, fuse_output=True,
-                                    prep="sm90")
+        chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out, fuse_output=True,
+                              prep="sm90")
 
     measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                   max_samples=10, min_time_s=0.0, max_time_s=0.2))

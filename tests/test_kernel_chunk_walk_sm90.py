@@ -25,8 +25,8 @@ def _sm90() -> bool:
 @pytest.mark.parametrize("dtype,long_walk", [("bf16", False), ("bf16", True), ("fp16", False)])
 @pytest.mark.parametrize("name,warm_up", [("sm90", False), ("sm90_transposed", False), ("sm90_transposed", True)])
 def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, long_walk):
-    from gdnbench_kernels.chunk_fused import GLUON_WALKS
-    from gdnbench_kernels.gluon_hopper import GLUON_MISSING
+    from gdnbench_kernels.chunk.sm90 import GLUON_WALKS
+    from gdnbench_kernels.chunk.sm90.gluon_hopper import GLUON_MISSING
 
     if GLUON_MISSING:
         pytest.skip(GLUON_MISSING)
@@ -57,8 +57,8 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
 def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, warm_up):
     """Four warpgroups (two walkers, the prep, the loader) whose registers setmaxnreg splits, and shared memory for
     one program per SM (227 KB on sm_90); over whole sequences and over warm-up segments."""
-    from gdnbench_kernels import chunk_specialized_sm90 as spec
-    from gdnbench_kernels.gluon_hopper import GLUON_MISSING
+    from gdnbench_kernels.chunk.sm90 import specialized as spec
+    from gdnbench_kernels.chunk.sm90.gluon_hopper import GLUON_MISSING
 
     if GLUON_MISSING:
         pytest.skip(GLUON_MISSING)
@@ -84,43 +84,42 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
 
 def test_specialized_walk_choice_and_its_errors(monkeypatch):
     """walk="sm90_specialized" where asked for and over warm-up segments (the transposed walk there with raw gates),
-    never over the chunk-parallel pass's segments, with an output pass on its own, raw gates, a prep of its own or
+    never with an output pass on its own, raw gates, a prep of its own or
     a pipeline; on a CPU, the kernel's own reason."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
 
     gen = torch.Generator().manual_seed(2)
     kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
     with pytest.raises(ValueError, match="walk='sm90_specialized' cannot run this call"):
-        chunk_fused.chunk_fused_gdn(**kw, walk="sm90_specialized")
+        chunk.chunk_fused_gdn(**kw, walk="sm90_specialized")
     monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda q, V, raw, l2: "raw gates" if raw else None)
-    for module in chunk_fused.GLUON_WALKS.values():
+    for module in chunk.sm90.GLUON_WALKS.values():
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(3, 8192, None, "cpu")
     q = torch.empty(3, 8192, 16, 128)
-    assert chunk_fused.walk_default(layout, q, 128, 32, False) != chunk_fused.SPECIALIZED  # 96 walks
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized") == ("sm90_specialized", True)
+    assert chunk.plan.walk_default(layout, q, 128, 32, False) != chunk.sm90.SPECIALIZED  # 96 walks
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized") == ("sm90_specialized", True)
     short = chunk.ChunkLayout.build(64, 64, None, "cpu")  # 512 walks of one chunk: its default, but for...
-    assert chunk_fused.plan_walk(short, q, 128, 8, False) == ("sm90_specialized", True)
-    assert chunk_fused.plan_walk(short, q, 128, 8, False, prep="triton")[0] == "triton"  # ...a prep asked for
-    assert chunk_fused.plan_walk(short, q, 128, 8, False, raw_gate=True)[0] == "triton"  # ...and raw gates
-    warm_up = chunk.SegmentLayout.build(layout, chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS, warm_up=True)
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False, warm_up) == ("sm90_specialized", True)
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False, warm_up, raw_gate=True)[0] == "sm90_transposed"
-    with pytest.raises(ValueError, match="whole sequences or warm-up segments"):
-        chunk_fused.plan_walk(layout, q, 128, 32, False, chunk.SegmentLayout.build(layout, 4),
-                              walk="sm90_specialized")
+    assert chunk.plan.plan_walk(short, q, 128, 8, False) == ("sm90_specialized", True)
+    assert chunk.plan.plan_walk(short, q, 128, 8, False, prep="triton")[0] == "triton"  # ...a prep asked for
+    assert chunk.plan.plan_walk(short, q, 128, 8, False, raw_gate=True)[0] == "triton"  # ...and raw gates
+    warm_up = chunk.SegmentLayout.build(layout, chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS)
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False, warm_up) == ("sm90_specialized", True)
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False, warm_up, raw_gate=True)[0] == "sm90_transposed"
     with pytest.raises(ValueError, match="always computes the output"):
-        chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized", fuse_output=False)
-    assert chunk_fused.plan_prep(q, False, False, None, "sm90_specialized") == "sm90_specialized"
+        chunk.plan.plan_walk(layout, q, 128, 32, False, walk="sm90_specialized", fuse_output=False)
+    assert chunk.plan.plan_prep(q, False, False, None, "sm90_specialized") == "sm90_specialized"
     with pytest.raises(ValueError, match="computes the prep in its own kernel"):
-        chunk_fused.plan_prep(q, False, False, "sm90", "sm90_specialized")
+        chunk.plan.plan_prep(q, False, False, "sm90", "sm90_specialized")
     layout = chunk.ChunkLayout.build(1, 64, None, "cpu")
     with pytest.raises(ValueError, match="pipeline"):
-        chunk_fused.chunk_fused_gdn(**kw, layout=layout, walk="sm90_specialized",
-                                    pipeline=chunk_fused.PipelineLayout.build(layout, 1))
+        chunk.chunk_fused_gdn(**kw, layout=layout, walk="sm90_specialized",
+                              pipeline=chunk.PipelineLayout.build(layout, 1))
     monkeypatch.undo()
-    from gdnbench_kernels import chunk_prep_sm90, chunk_walk_sm90  # the envelope: both kernels', any GPU faked
+    # the envelope: both kernels', any GPU faked
+    from gdnbench_kernels.chunk.sm90 import prep as chunk_prep_sm90, walk as chunk_walk_sm90
 
     for module in (chunk_prep_sm90, chunk_walk_sm90):
         monkeypatch.setattr(module, "unsupported_inputs", lambda q: None)
@@ -136,7 +135,7 @@ def test_specialized_backend_says_why_it_skips(monkeypatch):
     gating, where q and k are normalised) and returns its reason, which the harness puts on the skipped row."""
     from gdnbench.backends.triton_chunk import _check_specialized
     from gdnbench.suite import Case
-    from gdnbench_kernels import chunk_specialized_sm90
+    from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
 
     seen = []
     monkeypatch.setattr(chunk_specialized_sm90, "unsupported",
@@ -147,17 +146,18 @@ def test_specialized_backend_says_why_it_skips(monkeypatch):
 
 
 def test_walk_choice_and_its_errors():
-    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import walk as chunk_walk_sm90
 
     gen = torch.Generator().manual_seed(0)
     kw, _ = kernel_inputs(gen, B=1, T=64, H=1, HV=2, K=128, V=128, dtype="bf16", seqs=None, raw=False, l2=False)
     layout = chunk.ChunkLayout.build(1, 64, None, "cpu")
-    assert chunk_fused.walk_default(layout, kw["q"], 128, 2, False) == "triton"  # not on an sm_90 GPU
+    assert chunk.plan.walk_default(layout, kw["q"], 128, 2, False) == "triton"  # not on an sm_90 GPU
     assert "sm_90" in chunk_walk_sm90.unsupported(kw["q"], 128, False) or chunk_walk_sm90.GLUON_MISSING
     with pytest.raises(ValueError, match="walk='sm90' cannot run this call"):
-        chunk_fused.chunk_fused_gdn(**kw, walk="sm90")
+        chunk.chunk_fused_gdn(**kw, walk="sm90")
     with pytest.raises(ValueError, match="walk must be"):
-        chunk_fused.chunk_fused_gdn(**kw, walk="cuda")
+        chunk.chunk_fused_gdn(**kw, walk="cuda")
 
 
 @pytest.mark.parametrize("B,T,HV,walk,pipeline", [
@@ -194,25 +194,25 @@ def test_sm90_walk_by_default_only_where_measured_faster(B, T, HV, walk, pipelin
     """walk_default, plan_walk and pipeline_default on an H100's 132 SMs, with the device's answers faked on a
     CPU: over warm-up segments the warp-specialized kernel where they are long enough or the sequences' walks 128 or
     more, else the transposed walk; over plain ones the Triton walk."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
 
-    for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
+    for module in [*chunk.sm90.GLUON_WALKS.values(), chunk_specialized_sm90]:
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(B, T, None, "cpu")
     q = torch.empty(B, T, 16, 128)
-    assert chunk_fused.walk_default(layout, q, 128, HV, False) == walk
-    assert chunk_fused.walk_default(layout, q, 128, HV, False, chunk.SegmentLayout.build(layout, 8)) == "triton"
-    warm_up = chunk.SegmentLayout.build(layout, 4, warm_up=True)  # short segments: on many walks, the specialized
-    over_short = "sm90_specialized" if B * HV >= chunk_fused.SPECIALIZED_MIN_WALKS else "sm90_transposed"  # kernel
-    assert chunk_fused.walk_default(layout, q, 128, HV, False, warm_up) == over_short
-    assert chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up) == (over_short, True)
-    longer = chunk.SegmentLayout.build(layout, chunk_fused.SPECIALIZED_MIN_SEGMENT_CHUNKS, warm_up=True)
-    assert chunk_fused.walk_default(layout, q, 128, HV, False, longer) == "sm90_specialized"
+    assert chunk.plan.walk_default(layout, q, 128, HV, False) == walk
+    warm_up = chunk.SegmentLayout.build(layout, 4)  # short segments: on many walks, the specialized
+    over_short = "sm90_specialized" if B * HV >= chunk.plan.SPECIALIZED_MIN_WALKS else "sm90_transposed"  # kernel
+    assert chunk.plan.walk_default(layout, q, 128, HV, False, warm_up) == over_short
+    assert chunk.plan.plan_walk(layout, q, 128, HV, False, warm_up) == (over_short, True)
+    longer = chunk.SegmentLayout.build(layout, chunk.plan.SPECIALIZED_MIN_SEGMENT_CHUNKS)
+    assert chunk.plan.walk_default(layout, q, 128, HV, False, longer) == "sm90_specialized"
     with pytest.raises(ValueError, match="whole sequences"):
-        chunk_fused.plan_walk(layout, q, 128, HV, False, warm_up, walk="sm90")
+        chunk.plan.plan_walk(layout, q, 128, HV, False, warm_up, walk="sm90")
     if walk == "sm90":
-        assert chunk_fused.pipeline_default(layout, HV, True, walk=walk) == pipeline
+        assert chunk.plan.pipeline_default(layout, HV, True, walk=walk) == pipeline
 
 
 @pytest.mark.parametrize("lengths,walk", [
@@ -225,58 +225,61 @@ def test_specialized_kernel_only_where_its_programs_stay_busy(lengths, walk, mon
     """walk_default on varlen sequences (HV = 4, a faked H100): the warp-specialized kernel's programs take whole
     walks, dealt longest first, and it runs only where they fill the SMs' time: about equal walks as padded ones
     (SPECIALIZED_MIN_ROUND_FILL), unequal ones from SPECIALIZED_MIN_UNEQUAL_FILL."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_specialized_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
 
-    for module in [*chunk_fused.GLUON_WALKS.values(), chunk_specialized_sm90]:
+    for module in [*chunk.sm90.GLUON_WALKS.values(), chunk_specialized_sm90]:
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     layout = chunk.ChunkLayout.build(1, sum(lengths), cu, "cpu")
-    assert chunk_fused.walk_default(layout, torch.empty(1, sum(lengths), 4, 128), 128, 4, False) == walk
+    assert chunk.plan.walk_default(layout, torch.empty(1, sum(lengths), 4, 128), 128, 4, False) == walk
 
 
 def test_plan_walk_keeps_an_explicit_output_pass_on_the_triton_walk(monkeypatch):
     """plan_walk where the Gluon walk is the default (qwen3-next B=1 on a faked H100): asking for the output
     pass on its own (the sweeps that force the Triton kernels' configs do) gets the Triton walk, not the Gluon
     one with the output silently fused back in; the Gluon walk with the output pass is refused."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import walk as chunk_walk_sm90
 
     monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "sm_count", lambda device: 132)
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
     layout = chunk.ChunkLayout.build(1, 4096, None, "cpu")
     q = torch.empty(1, 4096, 16, 128)
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False) == ("sm90", True)
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False, fuse_output=False) == ("triton", False)
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False, fuse_output=True) == ("sm90", True)
-    assert chunk_fused.plan_walk(layout, q, 128, 32, False, walk="triton") == \
-        ("triton", chunk_fused.fuse_output_default(layout, 32, 128))
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False) == ("sm90", True)
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False, fuse_output=False) == ("triton", False)
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False, fuse_output=True) == ("sm90", True)
+    assert chunk.plan.plan_walk(layout, q, 128, 32, False, walk="triton") == \
+        ("triton", chunk.plan.fuse_output_default(layout, 32, 128))
     with pytest.raises(ValueError, match="always computes the output in the walk"):
-        chunk_fused.plan_walk(layout, q, 128, 32, False, walk="sm90", fuse_output=False)
+        chunk.plan.plan_walk(layout, q, 128, 32, False, walk="sm90", fuse_output=False)
     with pytest.raises(ValueError, match="walk must be"):
-        chunk_fused.plan_walk(layout, q, 128, 32, False, walk="gluon")
+        chunk.plan.plan_walk(layout, q, 128, 32, False, walk="gluon")
 
 
 def test_pipelined_groups_each_run_the_sm90_walk(monkeypatch):
     """chunk_fused's dispatch with walk="sm90", on a CPU with the kernels replaced by recorders: one Gluon walk
     per pipeline group, each over its group's token ranges, the state handed from group to group through
     the two hand-off buffers and the last group's into the final state."""
-    from gdnbench_kernels import chunk, chunk_fused, chunk_walk_sm90
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import walk as chunk_walk_sm90
 
     gen = torch.Generator().manual_seed(1)
     kw, _ = kernel_inputs(gen, B=1, T=1000, H=2, HV=4, K=128, V=128, dtype="bf16", seqs=[620, 64, 316], raw=False,
                           l2=False)
     h0 = torch.randn(3, 4, 128, 128, generator=gen)
     layout = chunk.ChunkLayout.build(1, 1000, kw["cu_seqlens"], "cpu")
-    pipe = chunk_fused.PipelineLayout.build(layout, 2)
+    pipe = chunk.PipelineLayout.build(layout, 2)
     ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
                                        final_state=True, pipeline=True)
     walks = []
     monkeypatch.setattr(chunk_walk_sm90, "unsupported", lambda *a: None)
     monkeypatch.setattr(chunk_walk_sm90, "fused_walk", lambda *a, **k: walks.append(a))
-    monkeypatch.setattr(chunk_fused, "_prep", lambda *a: None)
-    monkeypatch.setattr(chunk_fused, "_state_pass", lambda *a, **k: pytest.fail("the Triton walk ran"))
-    chunk_fused.chunk_fused_gdn(**kw, initial_state=h0, output_final_state=True, layout=layout, workspace=ws,
-                                pipeline=pipe, walk="sm90")
+    monkeypatch.setattr(chunk.pipeline, "run_prep", lambda *a: None)
+    monkeypatch.setattr(chunk.state, "state_pass", lambda *a, **k: pytest.fail("the Triton walk ran"))
+    chunk.chunk_fused_gdn(**kw, initial_state=h0, output_final_state=True, layout=layout, workspace=ws,
+                          pipeline=pipe, walk="sm90")
     assert len(walks) == len(pipe.groups) == 5
     for g, (group, (*_, h_in, h_out, seq_bounds, N, _scale)) in enumerate(zip(pipe.groups, walks)):
         assert torch.equal(seq_bounds, group.seq_bounds) and N == group.N == 3
@@ -302,7 +305,7 @@ GPU_CASES = [
 @pytest.mark.parametrize("dtype,seqs,H,HV,h0,final", GPU_CASES)
 @pytest.mark.parametrize("gluon_walk", ["sm90", "sm90_transposed", "sm90_specialized"])
 def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final):
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(len(str(seqs)))
@@ -323,8 +326,8 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
         out = torch.full_like(kw["v"], float("nan"))
 
         def call() -> None:
-            chunk_fused.chunk_fused_gdn(**kw, output_final_state=final, layout=layout, workspace=ws, out=out,
-                                        fuse_output=True, walk=walk)
+            chunk.chunk_fused_gdn(**kw, output_final_state=final, layout=layout, workspace=ws, out=out,
+                                  fuse_output=True, walk=walk)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))
@@ -352,7 +355,7 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
 def test_specialized_kernel_takes_any_scale(scale):
     """The warp-specialized kernel folds log2(scale) into P's gates, so a scale of 0 or below runs as a positive one
     with the output scaled after: outputs and final states against the fp64 recurrence, on NaN-poisoned outputs."""
-    from gdnbench_kernels import chunk_fused
+    from gdnbench_kernels import chunk
 
     dev = torch.device("cuda")
     gen = torch.Generator().manual_seed(7)
@@ -363,7 +366,7 @@ def test_specialized_kernel_takes_any_scale(scale):
     kw["initial_state"] = torch.randn(N, 4, 128, 128, generator=gen)
     gpu = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     out = torch.full_like(gpu["v"], float("nan"))
-    o, final = chunk_fused.chunk_fused_gdn(**gpu, output_final_state=True, out=out, walk="sm90_specialized")
+    o, final = chunk.chunk_fused_gdn(**gpu, output_final_state=True, out=out, walk="sm90_specialized")
     o_ref, final_ref = gdn_recurrent(kw["q"], kw["k"], kw["v"], kw["g"], kw["beta"], scale=scale,
                                      initial_state=kw["initial_state"], cu_seqlens=kw["cu_seqlens"],
                                      compute_dtype=torch.float64)
@@ -386,10 +389,10 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     same segments and against the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal
     sequences, one empty. programs: that many SMs, so that each of the specialized kernel's programs finds the
     warm-up starts of many walks in turn."""
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
     if programs:
-        monkeypatch.setattr(chunk_fused, "sm_count", lambda device: programs)
+        monkeypatch.setattr(chunk.plan, "sm_count", lambda device: programs)
 
     dev = torch.device("cuda")
     seqs, H, HV = [1000, 0, 64, 700, 1], 2, 4
@@ -399,7 +402,7 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen) if h0 else None
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
-    segments = chunk.SegmentLayout.build(layout, 4, warm_up=True)
+    segments = chunk.SegmentLayout.build(layout, 4)
     results = {}
     for walk in (gluon_walk, "triton"):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
@@ -408,8 +411,8 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
         out = torch.full_like(kw["v"], float("nan"))
 
         def call() -> None:
-            chunk_fused.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                        fuse_output=True, segments=segments, walk=walk)
+            chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
+                                  fuse_output=True, segments=segments, walk=walk)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))

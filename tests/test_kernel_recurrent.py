@@ -129,7 +129,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
     from typer.testing import CliRunner
 
     from gdnbench.cli import app
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     def no_host_sync(*_a, **_k):
         raise AssertionError("host sync in the launcher")
@@ -339,7 +339,7 @@ def test_envelope_refuses_head_dims_over_256():
 def test_prune_caps_bv_at_v_and_drops_idle_or_spilling_tiles():
     import triton
 
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     cands = [triton.Config({"BV": bv, "ITEMS": 1}, num_warps=w, num_stages=2) for bv, w in kern._GPU_CANDIDATES]
 
@@ -356,7 +356,7 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
     """On a GPU tuning runs each candidate many times: never on the live pool."""
     import triton
 
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     calls, tunings = [], []
 
@@ -372,7 +372,7 @@ def test_a_pool_launch_tunes_on_a_scratch_copy_once_per_key(monkeypatch):
 
     candidates = [triton.Config({"BV": 8, "ITEMS": 1}, num_warps=1, num_stages=2),
                   triton.Config({"BV": 16, "ITEMS": 4}, num_warps=2, num_stages=2)]
-    monkeypatch.setattr(kern, "_recurrent_gdn_kernel", FakeKernel())
+    monkeypatch.setattr(kern, "recurrent_gdn_kernel", FakeKernel())
     monkeypatch.setattr(kern, "CONFIGS", candidates)  # as on a GPU: more than one candidate
     monkeypatch.setattr(kern, "fastest", fake_fastest)
     monkeypatch.setattr(kern, "_TUNED", {})
@@ -422,7 +422,7 @@ def test_key_runs_spread_a_v_first_tiles_keys_over_fewer_lanes_with_several_toke
 
 def test_tune_key_separates_shapes_whose_best_configs_differ():
     """Tiers by heads (<64, <512, <1024, <4096, more) and tokens per sequence (1, 2, more)."""
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     def tier(N, HV, T):
         return kern.tune_key(128, 128, pool=True, N=N, H=16, HV=HV, tokens=N * T)[-1]
@@ -449,7 +449,7 @@ def test_tune_key_separates_shapes_whose_best_configs_differ():
     ({"out": torch.empty(4, 2, 2, 16, dtype=torch.float16)}, "out must be"),
 ])
 def test_launcher_rejects_bad_arguments(bad, needle):
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     with pytest.raises(ValueError, match=re.escape(needle)):
         kern.recurrent_gdn(**{**BY_NAME["decode-padding-T2"]["kw"], **bad})
@@ -472,7 +472,7 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     """The interpreter runs Python, not Triton's code generator: compile for sm_90 (to a cubin) on this CPU."""
     import triton
 
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     pool, dt = mode.get("pool"), mode.get("dt", "fp32")
     ptr = {"q": dt, "k": dt, "v": dt, "g": "fp32", "beta": dt, "a": dt, "b": dt, "A_log": "fp32", "dt_bias": "fp32",
@@ -492,4 +492,4 @@ def test_kernel_compiles_for_sm90(K, V, BV, warps, mode):
     const.update(dict.fromkeys(unused))
     sig = {name: "constexpr" if name in const else f"*{t}" for name, t in ptr.items()}
     sig.update(scale="fp32", T="i32", NH="i32", **dict.fromkeys(const, "constexpr"))
-    compile_sm90(kern._recurrent_gdn_kernel, sig, const, interpreted=kern.INTERPRETED, num_warps=warps)
+    compile_sm90(kern.recurrent_gdn_kernel, sig, const, interpreted=kern.INTERPRETED, num_warps=warps)

@@ -49,7 +49,7 @@ def _guarded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _configs() -> list[int]:
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     return list(range(len(kern.CONFIGS)))
 
@@ -57,7 +57,7 @@ def _configs() -> list[int]:
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
 @pytest.mark.parametrize("index", _configs() if torch.cuda.is_available() else [])
 def test_every_candidate_under_graph_replay(case, index, monkeypatch):
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     config = kern.CONFIGS[index]
     monkeypatch.setattr(kern, "CONFIGS", [config])

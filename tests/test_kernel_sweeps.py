@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from gdnbench.results import Status
-from gdnbench_kernels.chunk import config_from, config_label
-from gdnbench_kernels.chunk_fused import PREP_CANDIDATES
+from gdnbench_kernels.chunk.configs import config_from, config_label
+from gdnbench_kernels.chunk.prep import PREP_CANDIDATES
 from tests import SUBPROCESS_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,11 +51,10 @@ def test_output_pass_variants_agree():
 
 
 def test_segment_sizes_agree():
-    """The chunk-parallel pass at 1 and 2 chunks a segment, with the scan and with warm-up segments, gives
-    the default's and the sequential pass's outputs (T=40 is one chunk: one segment a sequence either way,
-    which still runs every kernel of the segment path)."""
+    """Warm-up segments of 1 and 2 chunks give the default's and the sequential walk's outputs (T=40 is one
+    chunk: one segment a sequence either way, which still runs the segment path)."""
     (row,) = _sweep("segments", "smoke", "-k", CASE, "-s", "1", "-s", "2")
-    assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 12, row
+    assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 8, row
 
 
 @pytest.mark.parametrize("args,message", [
@@ -109,8 +108,8 @@ p = make_problem(s.cases[0], s.seed, torch.device("cpu"))
 b = get_backend("triton.chunk_fused")
 with ab.kernels_at("HEAD") as (sha, old):
     calls = []
-    real = old.chunk_fused.chunk_fused_gdn
-    old.chunk_fused.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = old.chunk.chunk_fused_gdn
+    old.chunk.chunk_fused_gdn = lambda *a, **k: calls.append(1) or real(*a, **k)
     old_b = ab.backend_at(sha, old, b)
     ab._prepare_with(old, old_b, p).call()
     seen_old = len(calls)

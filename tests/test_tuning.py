@@ -1,11 +1,12 @@
-"""gdnbench_kernels.tuning: ``fastest`` and ``TunedKernel``, every bundled kernel's tuner (timing on a GPU only)."""
+"""gdnbench_kernels.common.tuning: ``fastest`` and ``TunedKernel``, every bundled kernel's tuner (timing on a GPU
+only)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gdnbench_kernels.tuning import fastest
+from gdnbench_kernels.common.tuning import fastest
 
 
 def test_a_single_candidate_is_returned_without_running_it():
@@ -69,7 +70,7 @@ class _Recorder:
 def _tuned_recorder(monkeypatch, configs, prune=None):
     """A TunedKernel over a _Recorder, ``fastest`` replaced by one that runs every candidate once and
     picks the last (the timing itself needs a GPU: test_the_tuned_kernel_runs_its_cheapest_config)."""
-    from gdnbench_kernels import tuning
+    from gdnbench_kernels.common import tuning
 
     tunings: list[list] = []
 
@@ -127,7 +128,7 @@ def test_the_tuned_kernel_runs_its_cheapest_config():
     import triton
     import triton.language as tl
 
-    from gdnbench_kernels.tuning import TunedKernel
+    from gdnbench_kernels.common.tuning import TunedKernel
 
     @triton.jit
     def copy(src, dst, n, BLOCK: tl.constexpr, REPEAT: tl.constexpr):

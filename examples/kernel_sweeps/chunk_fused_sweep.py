@@ -6,10 +6,8 @@
                long sequence and the pipeline run it) alone, and time the whole calls interleaved;
   fuse-output  time triton.chunk and triton.chunk_fused with the output pass (over single chunks and
                over pairs of chunks) and with it folded into the state pass, interleaved (A B C D A B C D ...);
-  segments     time triton.chunk_fused (its default rules, then its sequential walk) against its
-               chunk-parallel state pass (``segment_chunks``) at several segment sizes, each with the output
-               pass and with the output folded in, and with warm-up segments (``warm_up``, the output always
-               folded in);
+  segments     time triton.chunk_fused (its default rules, then its sequential walk) against its walk over
+               warm-up segments (``segment_chunks``, the output always folded in) at several segment sizes;
   walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
                (with the default output rule, and with the output fused in) and the Gluon walks for Hopper
                (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``);
@@ -54,14 +52,14 @@ from .common import add_case_arguments, int_tuple, rel_diff, swapped, sweep_timi
 
 def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: list[tuple[int, ...]] | None,
                   device: torch.device) -> None:
-    from gdnbench_kernels import chunk, chunk_fused
+    from gdnbench_kernels import chunk
 
-    kernel, shipped = {"prep": (chunk_fused._chunk_prep_kernel, chunk_fused.PREP_CANDIDATES),
-                       "state": (chunk_fused._state_kernel, chunk_fused.STATE_CANDIDATES),
-                       "walk": (chunk._chunk_state_kernel, chunk.STATE_CANDIDATES)}[kernel_name]
+    kernel, shipped = {"prep": (chunk.prep.fused_prep_kernel, chunk.prep.PREP_CANDIDATES),
+                       "state": (chunk.state.fused_state_kernel, chunk.state.FUSED_STATE_CANDIDATES),
+                       "walk": (chunk.state.state_kernel, chunk.state.STATE_CANDIDATES)}[kernel_name]
     fuse_output = {"prep": None, "state": True, "walk": False}[kernel_name]  # None: the default rule's
     walk = None if kernel_name == "prep" else "triton"  # the Triton kernels whose configs are forced
-    forced = [[chunk.config_from(c, block=kernel_name != "prep")] for c in configs or shipped]
+    forced = [[chunk.configs.config_from(c, block=kernel_name != "prep")] for c in configs or shipped]
     s = load_suite(suite)
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
@@ -69,12 +67,12 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
         segments = None
         if kernel_name == "state":  # where the backend runs it: over warm-up segments where the default rule takes them
             layout = chunk.ChunkLayout.build(p.q.shape[0], p.q.shape[1], p.cu_seqlens, device)
-            segments = chunk_fused.warm_up_default(layout, case.HV, case.V, device)
+            segments = chunk.plan.warm_up_default(layout, case.HV, case.V, device)
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
                 # the Triton prep kernel, also where the Gluon one would run by default
                 prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
-                                    warm_up=segments is not None, prep="triton")
+                                    prep="triton")
 
             def call(cfg=cfg, prepared=prepared) -> None:
                 with swapped(kernel, configs=cfg, cache={}):
@@ -87,7 +85,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
         ms = measure_interleaved([(call, prepared.reset) for _, prepared, call in runs], device=device,
                                  config=sweep_timing(device))
         for (cfg, _, _), m, o in zip(runs, ms, outs):
-            print(f"{case.id}  {kernel_name}[{chunk.config_label(cfg)}]  {np.median(m.samples_us):9.1f} us"
+            print(f"{case.id}  {kernel_name}[{chunk.configs.config_label(cfg)}]  {np.median(m.samples_us):9.1f} us"
                   f"  diff {rel_diff(o, outs[0]):.1e}", flush=True)
 
 
@@ -119,13 +117,10 @@ def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> 
 
 
 def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
-    names = ["fused", "sequential"] + [f"cp{c}{out}" for c in sizes for out in ("", "+out")] + \
-        [f"warm-up{c}" for c in sizes]
+    names = ["fused", "sequential"] + [f"warm-up{c}" for c in sizes]
     _sweep_variants(suite, pattern, device, names,
                     lambda p: [_prepare(p, fused=True), _prepare(p, fused=True, segment_chunks=0)] +
-                    [_prepare(p, fused=True, segment_chunks=c, fuse_output=out)
-                     for c in sizes for out in (False, True)] +
-                    [_prepare(p, fused=True, segment_chunks=c, warm_up=True) for c in sizes])
+                    [_prepare(p, fused=True, segment_chunks=c) for c in sizes])
 
 
 def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
@@ -151,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="sweep", required=True)
     for name, help_ in (("configs", "force each candidate config of one kernel"),
                         ("fuse-output", "output pass vs output folded into the state pass"),
-                        ("segments", "the sequential state pass vs the chunk-parallel one"),
+                        ("segments", "the sequential state walk vs warm-up segments"),
                         ("pipeline", "one call vs prep, walk and output pass overlapped group by group"),
                         ("walk", "the Triton walk vs the Gluon ones for Hopper, the output fused in")):
         cmd = sub.add_parser(name, help=help_)

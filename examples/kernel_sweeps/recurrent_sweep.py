@@ -70,7 +70,7 @@ def slot_copy(pool: torch.Tensor, slots: torch.Tensor) -> Callable[[], object]:
 
 def sweep(suite: str, pattern: str | None, configs: list[tuple[int, int, int]] | None, device: torch.device,
           copies: bool = False) -> None:
-    from gdnbench_kernels import recurrent as kern
+    from gdnbench_kernels.recurrent import forward as kern
 
     s = load_suite(suite)
     print("case  BV/warps x items  us  vs fastest  diff o  diff state")

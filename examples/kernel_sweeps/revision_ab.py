@@ -60,19 +60,20 @@ def _git(*args: str) -> str:
 def kernels_at(rev: str) -> Iterator[tuple[str, ModuleType]]:
     """(REV's short sha, REV's kernels/ imported as a package of its own), for the block's duration."""
     sha = _git("rev-parse", "--short", f"{rev}^{{commit}}").strip()
-    files = [f for f in _git("ls-tree", "--name-only", f"{sha}:kernels").split() if f.endswith(".py")]
+    files = [f for f in _git("ls-tree", "-r", "--name-only", f"{sha}:kernels").split() if f.endswith(".py")]
     name = f"{PACKAGE}_at_{sha}"
     with tempfile.TemporaryDirectory() as tmp:  # triton reads each kernel's source back: keep it on disk
         pkg_dir = Path(tmp) / name
-        pkg_dir.mkdir()
         for f in files:
+            (pkg_dir / f).parent.mkdir(parents=True, exist_ok=True)
             (pkg_dir / f).write_text(_git("show", f"{sha}:kernels/{f}"))
         sys.path.insert(0, tmp)
         try:
             pkg = importlib.import_module(name)
             for f in files:  # the backends reach the kernel modules as the package's attributes
-                if f != "__init__.py":
-                    importlib.import_module(f"{name}.{f[:-3]}")
+                module = f[:-3].replace("/", ".").removesuffix(".__init__").removesuffix("__init__")
+                if module:
+                    importlib.import_module(f"{name}.{module}")
             yield sha, pkg
         finally:
             sys.path.remove(tmp)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from functools import cache
@@ -27,6 +26,7 @@ import torch
 
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
+from gdnbench_kernels.common.interpreter import triton_interpreter_on
 
 ALL_DTYPES = frozenset({"bf16", "fp16", "fp32"})
 
@@ -187,11 +187,6 @@ def backend(
         )
 
     return wrap
-
-
-def triton_interpreter_on() -> bool:
-    """Whether TRITON_INTERPRET asks Triton to run kernels in its CPU interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 @cache

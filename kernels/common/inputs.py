@@ -1,4 +1,5 @@
-"""Argument checks shared by the bundled kernels' launchers, in the canonical conventions of DESIGN.md."""
+"""Argument checks shared by the bundled kernels' launchers, in the canonical conventions (docs/design.md,
+"Conventions")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the Gluon kernels for Hopper (``chunk_walk_sm90``, ``chunk_prep_sm90``, ...) share: Gluon's imports (a
+"""What the Gluon kernels for Hopper (``walk``, ``prep``, ...) share: Gluon's imports (a
 triton without Gluon leaves GLUON_MISSING set and the Triton kernels run instead), the TMA copies and the barrier
 under the names of any triton from 3.6 on, exp and 2^x as one instruction each, TMA descriptors over token-major
 tensors, and the check every such kernel starts from."""
@@ -40,7 +40,7 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def exp(x):
-        """exp of fp32 x as one ex2.approx.ftz (chunk._exp's)."""
+        """exp of fp32 x as one ex2.approx.ftz (common.device.exp's)."""
         return exp2(x * LOG2E)
 
     @gluon.jit
@@ -48,7 +48,7 @@ if GLUON_MISSING is None:
         """int32 x through an asm the compiler may not move, so that a mask built from it stays in the loop that
         uses it: a mask of loop-invariant indices is hoisted out of the loop, and ptxas, short of predicate
         registers, rebuilds it bit by bit every iteration, a chain of about 100 dependent instructions
-        (chunk_specialized_sm90's prep, BENCHMARKS.md, forty-fifth session)."""
+        (specialized's prep)."""
         return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 

@@ -1,6 +1,6 @@
-"""``chunk_fused``'s walk with the output fused in, for Hopper (sm_90), in Gluon with asynchronous wgmma.
+"""The fused pipeline's walk with the output fused in, for Hopper (sm_90), in Gluon with asynchronous wgmma.
 
-The same math as ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT: one program per (sequence, value
+The same math as ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT: one program per (sequence, value
 head, V-block of BV columns) walks the sequence's chunks with its [K, BV] state in registers, reading the prep
 kernel's gc and Ai = (I + A)^-1 diag(beta). Per chunk:
 
@@ -14,13 +14,13 @@ The output is retired, and stored, while the next chunk's K S runs. Tiles arrive
 chunk ahead), so that no load waits on the chain.
 
 Why a second kernel: Triton (3.6) waits for every wgmma right after issuing it, so the Triton walk runs its
-six products one after the other (BENCHMARKS.md, seventeenth session). Here only K S -> Ai X -> the state
+six products one after the other. Here only K S -> Ai X -> the state
 update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more than 255 registers and
 spilled, slower than the Triton walk at every size tried (H100). Q K^T issued after Ai X, rather than with
 K S, runs while v_new is stored (walk alone, H100: 1-2% at B=1 T=4096..32768 HV=32, 7% at B=4 T=1024
 H=HV=4) and takes 17 fewer registers. So it pays where BV 32's programs make one
-wave of two per SM and ``chunk_walk_transposed_sm90``'s twice as wide ones would leave over half the SMs idle,
-or run long walks one per SM (``chunk_fused.walk_default``, with the measurements).
+wave of two per SM and ``walk_transposed``'s twice as wide ones would leave over half the SMs idle,
+or run long walks one per SM (``plan.walk_default``, with the measurements).
 
 Envelope (``unsupported``): sm_90, bf16 or fp16 inputs, K = V = 128, q and k normalised beforehand (the
 Triton walk normalises them per tile). Any sequence lengths: a short last chunk's rows past the sequence
@@ -42,7 +42,7 @@ if GLUON_MISSING is None:
 
 __all__ = ["fused_walk", "unsupported", "BV", "describe"]
 
-BT = 64  # tokens per chunk (chunk.CHUNK)
+BT = 64  # tokens per chunk (layout.CHUNK)
 BV = 32  # value columns per program (see the module docstring)
 WARPS = 4  # one warpgroup
 TAKES_WARM_UP_SEGMENTS = False  # whole sequences only
@@ -50,7 +50,7 @@ TAKES_WARM_UP_SEGMENTS = False  # whole sequences only
 
 if GLUON_MISSING is None:
     @gluon.jit
-    def _fetch(desc, row, col, bar, dst, pred):
+    def fetch(desc, row, col, bar, dst, pred):
         """dst <- desc's tile at (row, col) by TMA, completing on bar (nothing when not pred)."""
         mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
         tma_load(desc, [row, col], bar, dst, pred=pred)
@@ -117,14 +117,14 @@ if GLUON_MISSING is None:
         VN, QS = warpgroup_mma_wait(num_outstanding=1, deps=(VN, QS))
         cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
         more = t + NB < NT
-        _fetch(v_desc, tok + NB * BT, col_v, bars.index(NB + b), v_s.index(b), more)
-        _fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 * NB + b), ai_s.index(b), more)
+        fetch(v_desc, tok + NB * BT, col_v, bars.index(NB + b), v_s.index(b), more)
+        fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 * NB + b), ai_s.index(b), more)
         VN = gl.where(valid, VN, 0.0)
         vn_s.store(VN.to(dt))
         x_s.store((VN * exp(gc_last - gc_v)[:, None]).to(dt))
         fence_async_shared()
         QK = warpgroup_mma_wait(num_outstanding=0, deps=(QK, ))
-        _fetch(q_desc, tok + NB * BT, col_k, bars.index(b), q_cur, more)
+        fetch(q_desc, tok + NB * BT, col_k, bars.index(b), q_cur, more)
         P = QK * exp(gl.where(r_t[:, None] >= c_t[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
         Pa = gl.convert_layout(P.to(dt), gl.DotOperandLayout(operand_index=0, parent=mma_v, k_width=2))
         return Pa, QS * exp(gc_v)[:, None], gc_last, gates
@@ -138,11 +138,11 @@ if GLUON_MISSING is None:
         S = warpgroup_mma(k_cur.permute((1, 0)), x_s, S * exp(gc_last), is_async=True)
         O = warpgroup_mma(Pa, vn_s, QSd, is_async=True)
         S = warpgroup_mma_wait(num_outstanding=1, deps=(S, ))
-        _fetch(k_desc, bos + (t + 2) * BT, col_k, bars.index(3 * NB + t % 2), k_cur, t + 2 < NT)
+        fetch(k_desc, bos + (t + 2) * BT, col_k, bars.index(3 * NB + t % 2), k_cur, t + 2 < NT)
         return S, O
 
     @gluon.jit
-    def _program_walk(seq_bounds, HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr):
+    def program_walk(seq_bounds, HV: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, BT: gl.constexpr):
         """This program's walk: (sequence * HV + value head, value head, V-block, the sequence's first token, its
         end, its chunks)."""
         i_nh = gl.program_id(0) // (V // BV)
@@ -165,7 +165,7 @@ if GLUON_MISSING is None:
                            BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            LONG_WALK: gl.constexpr):
         NB: gl.constexpr = 2 if LONG_WALK else 1  # q, v and Ai buffers
-        i_nh, i_h, i_v, bos, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
+        i_nh, i_h, i_v, bos, eos, NT = program_walk(seq_bounds, HV, V, BV, BT)
         mma_v: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
         mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         rows_k = gl.arange(0, K, layout=gl.SliceLayout(1, mma_v))
@@ -192,11 +192,11 @@ if GLUON_MISSING is None:
             col_v = i_h * V + i_v * BV
             col_k = (i_h // (HV // H)) * K
             for i in gl.static_range(NB):
-                _fetch(q_desc, bos + i * BT, col_k, bars.index(i), q_s.index(i), NT > i)
-                _fetch(v_desc, bos + i * BT, col_v, bars.index(NB + i), v_s.index(i), NT > i)
-                _fetch(ai_desc, bos + i * BT, i_h * BT, bars.index(2 * NB + i), ai_s.index(i), NT > i)
+                fetch(q_desc, bos + i * BT, col_k, bars.index(i), q_s.index(i), NT > i)
+                fetch(v_desc, bos + i * BT, col_v, bars.index(NB + i), v_s.index(i), NT > i)
+                fetch(ai_desc, bos + i * BT, i_h * BT, bars.index(2 * NB + i), ai_s.index(i), NT > i)
             for i in gl.static_range(2):
-                _fetch(k_desc, bos + i * BT, col_k, bars.index(3 * NB + i), k_s.index(i), NT > i)
+                fetch(k_desc, bos + i * BT, col_k, bars.index(3 * NB + i), k_s.index(i), NT > i)
             gates = _gates(gc, bos, eos, i_h, HV, BT, mma_v, mma_t)
             Pa, QSd, gc_last, gates = _chunk_front(0, NT, bos, eos, S, None, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
                                             bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v, scale,
@@ -239,17 +239,17 @@ def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Ten
                ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds
     ([N, 2] token ranges into the flat batch; each starts at a chunk boundary of its sequence) from h0 (fp32,
-    or zero): ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
+    or zero): ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
     [B, T, HV, 128], gc [B*T, HV] fp32, Ai [B*T, HV, 64], all contiguous (see ``unsupported``).
     long_walk: load each chunk's gc one chunk ahead and its q, v and Ai tiles two (28 KB more shared memory; for
-    long walks: ``chunk_fused._walk_with_output``)."""
+    long walks: ``state.walk_with_output``)."""
     launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk)
 
 
 def launch(kernel, bv: int, q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor,
            h0: Tensor | None, ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
            **extra) -> None:
-    """A Gluon walk kernel (this module's or chunk_walk_transposed_sm90's, which take the same arguments, and
+    """A Gluon walk kernel (this module's or walk_transposed's, which take the same arguments, and
     ``extra``) over programs of bv value columns, one warpgroup each; the rest as ``fused_walk``."""
     H, K, HV, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
     tokens = q.shape[0] * q.shape[1]

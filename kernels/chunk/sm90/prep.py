@@ -1,35 +1,24 @@
-"""``chunk_fused``'s prep kernel for Hopper (sm_90), in Gluon: the same math as ``chunk_fused._chunk_prep_fn``
-with pre-computed gates, for each (chunk, value head):
+"""The fused pipeline's prep kernel for Hopper (sm_90), in Gluon: the same math as ``chunk.prep``'s
+``fused_prep_kernel`` with pre-computed gates, for each (chunk, value head):
 
     gc = cumsum(g), A = strictLower(diag(beta)(Gamma o K K^T)), Ai = (I + A)^-1 diag(beta)
 
-The Triton kernel is bound by its L1 / shared-memory traffic, not by its arithmetic: ncu on qwen3-next
-B=4 T=8192 (H100) put it at 82% of the L1/TEX throughput, 3,392 L1 wavefronts a program, 127 registers (BENCHMARKS.md,
-thirty-first session). What Gluon lets this kernel do instead, each measured as part of the whole:
+The Triton kernel is bound by its L1 / shared-memory traffic, not by its arithmetic. Gluon lets this one avoid
+most of it:
 
-  - the key tile comes by TMA straight into the wgmma's shared-memory layout (Triton loads it into
-    registers, then stores it to shared memory);
+  - the key tile comes by TMA straight into the wgmma's shared-memory layout;
   - A's diagonal 16 x 16 blocks are inverted in the registers of the warp that holds them in the wgmma's
-    layout, by doubling with mma_v2 (``_block_inverses``; Triton substitutes column by column through a global
-    scratch, and this kernel did so through shared memory until the thirty-ninth session: 1.03-1.05x on
-    qwen3-next B=1);
+    layout, by doubling with mma_v2 (``_block_inverses``), with no scratch round trip;
   - Ai leaves by TMA;
   - the programs are persistent, three an SM (two at K = 256), each taking every P-th (chunk, value head) in
     turn with the next one's key tile on its way by TMA, and its thread-indexed addresses and masks computed
-    once (fortieth session, H100, whole calls: qwen3-next B=1 1.012-1.027x, the kernel alone at T=65536 354 ->
-    325 us in a first form of the loop; parity's rows it serves 1.014-1.018x, but B=8 T=512 0.980x: its 512
-    items make two rounds of three programs an SM where the one-shot kernel's 118 registers ran four). One
-    program for both value heads of a key head, sharing K K^T, was slower (375 us at T=65536: its loop kept
-    218 registers, two programs an SM).
+    once.
 
 Then with D = blockdiag(Y_01, Y_23), the diagonal 32 x 32 blocks' inverses (the 16 x 16 ones joined by two more
 mma_v2 products, after an exchange between warps), and L = A below them, (I + A)^-1 = D - (D L) D in two wgmma
-products whose operands are rounded to the input dtype (``_solve``, which ``chunk_specialized_sm90`` shares; since
-the forty-fifth session each product takes only the half of K that is not 0). H100 (BENCHMARKS.md,
-thirty-first session): the prep kernel alone 1.24-1.27x at qwen3-next's shapes (B=4 T=8192: 287 -> 229 us;
-FlashQLA's gate-free kkt_solve takes 221) and 1.06-1.18x on parity's rows; whole calls 1.07x on qwen3-next
-and 1.02-1.11x on parity's rows it serves. The block inverses' fp16 products put Ai within 3.3e-4 of an fp64
-solve where the Triton kernel's is within 2.5e-4 (fp16 inputs, keys of one sign, weak decay; bf16: 2.0e-3 both).
+products whose operands are rounded to the input dtype, each over the half of K that is not 0
+(``solve_inverse``, which ``specialized`` shares). ``plan.plan_prep`` runs it wherever it can; what it buys and
+its accuracy against the Triton kernel are in docs/decisions/0021-gluon-prep.md.
 
 Envelope (``unsupported``): sm_90, bf16 or fp16, K in 64, 128, 256, gates given (``gating: pre``: raw gates
 and the in-kernel L2 norm stay with the Triton kernel). Rows past a sequence's end within its last chunk
@@ -45,13 +34,13 @@ from torch import Tensor
 from .gluon_hopper import GLUON_MISSING, descriptor, sm_count, unsupported_inputs
 
 if GLUON_MISSING is None:
-    from .chunk_walk_sm90 import _fetch
+    from .walk import fetch
     from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, tma, \
         tma_store, warpgroup_mma
 
 __all__ = ["chunk_prep", "unsupported", "describe"]
 
-BT = 64  # tokens per chunk (chunk.CHUNK)
+BT = 64  # tokens per chunk (layout.CHUNK)
 WARPS = 4  # one warpgroup
 HEAD_DIMS = (64, 128, 256)
 # the persistent grid: programs per SM, as registers (146 a thread: three warpgroups) and shared memory (two key
@@ -61,7 +50,7 @@ PROGRAMS_PER_SM = {64: 3, 128: 3, 256: 2}
 
 if GLUON_MISSING is None:
     @gluon.jit
-    def _exchange_buffer(BT: gl.constexpr):
+    def exchange_buffer(BT: gl.constexpr):
         """The block inverses' exchange between warps (``_block_inverses``): 2 BT / 16 blocks of 16 x 16 (fp16, a
         power of 2 of them), zeroed once, as the blocks the even warps load must not hold a NaN. The zeros are in
         before any read: a barrier precedes it (the block inverses' own, and in a warp-specialized kernel, whose
@@ -91,21 +80,18 @@ if GLUON_MISSING is None:
         """D = blockdiag(Y_01, Y_23), the inverses of I + A's two diagonal 32 x 32 blocks (strictly lower parts),
         from M = -A (in and D out in the layout mma; M on and above its diagonal is never read: ``_gated_kkt`` may
         leave anything there), by doubling inverted blocks along the diagonal. Every product below takes -A, not A:
-        given A, each negation cost an instruction an element (``_solve``).
+        given A, each negation cost an instruction an element (``solve_inverse``).
 
         In the layout mma warp b holds rows 16 b to 16 b + 15, so its 16 x 16 diagonal block N_b stays in its
         registers: with Y the inverses of the s x s blocks and L the part of N_b below them within the 2s x 2s
         blocks, those of the 2s x 2s blocks are Y - (Y L) Y, for s = 2, 4, 8 (s = 1: Y = I - L), in six mma_v2
-        products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (``_exchange_buffer``) for the block
-        below the diagonal, X_b = Y_b (M_{b,b-1} Y_{b-1}), in the layout of the levels (one barrier, where the
-        exchange into a per-warp layout took four: 1.01-1.02x on qwen3-next, H100; BENCHMARKS.md, forty-fifth
-        session): warp b stores Y_b into block 2 b + 1 and loads block 4 (b >> 1) + (b & 1) as a B operand, which
-        is Y_{b-1}'s in the odd warps and a zero block in the even ones (where M_{b,b-1} is 0). Every warp loaded Y_0
-        and Y_2 and took both products, then a select, and the selects of M's blocks were not shared: 24 instructions
-        a chunk more in the warp-specialized prep (BENCHMARKS.md, fifty-eighth session). Forward substitution
-        through shared memory read a column of A_b at each of its 15 steps; the Neumann form (I - N)(I + N^2)
-        (I + N^4)(I + N^8) is half as deep but lost accuracy to cancellation (BENCHMARKS.md, thirty-ninth
-        session)."""
+        products (operands fp16). Then each odd warp b takes Y_{b-1} through x_s (``exchange_buffer``) for the block
+        below the diagonal, X_b = Y_b (M_{b,b-1} Y_{b-1}), in the layout of the levels (one barrier, where an
+        exchange into a per-warp layout takes four): warp b stores Y_b into block 2 b + 1 and loads block
+        4 (b >> 1) + (b & 1) as a B operand, which is Y_{b-1}'s in the odd warps and a zero block in the even ones
+        (where M_{b,b-1} is 0), so no warp computes a product it then discards. Doubling keeps the chain short where
+        forward substitution takes 15 dependent steps, and stays accurate where the Neumann form
+        (I - N)(I + N^2)(I + N^4)(I + N^8) loses digits to cancellation (docs/decisions/0021-gluon-prep.md)."""
         c0, c1, c2, c3 = _column_blocks(M, BT)
         rb = (gl.arange(0, BT, layout=gl.SliceLayout(1, c0.type.layout)) // 16)[:, None]  # = the warp
         mv2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
@@ -162,10 +148,10 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
-        """-A = -diag(beta)(Gamma o K K^T) (``_solve``'s input) from KK = K K^T below the diagonal, 0 on and above
-        it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat
-        the last token's row, finite where it is. Unmasked (the gates above the diagonal, which ``_solve`` never
-        reads, left to overflow) this kernel was 1.6-3.3% slower (BENCHMARKS.md, thirty-eighth session)."""
+        """-A = -diag(beta)(Gamma o K K^T) (``solve_inverse``'s input) from KK = K K^T below the diagonal, 0 on and
+        above it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat
+        the last token's row, finite where it is. Unmasked (the gates above the diagonal, which ``solve_inverse`` never
+        reads, left to overflow) this kernel was 1.6-3.3% slower ."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
@@ -177,19 +163,19 @@ if GLUON_MISSING is None:
         return gl.split(gl.permute(gl.reshape(x, [BT, 2, BT // 2]), (0, 2, 1)))
 
     @gluon.jit
-    def _solve(M, d_s, l_s, x_s, BT: gl.constexpr, mma: gl.constexpr):
+    def solve_inverse(M, d_s, l_s, x_s, BT: gl.constexpr, mma: gl.constexpr):
         """(I + A)^-1 (fp32, mma layout) of the strictly lower part of A, from the tile M = -A (nothing on or above
         the diagonal is read; given A, the negations in here and in ``_block_inverses`` cost the warp-specialized
-        prep's loop 34 instructions a chunk: BENCHMARKS.md, fifty-seventh session); Ai is it times diag(beta), which
+        prep's loop 34 instructions a chunk: ); Ai is it times diag(beta), which
         the callers apply (beta's columns need not stay in registers through the solve). d_s and l_s: [BT, BT] tiles
-        for D and -L; x_s: the block inverses' exchange buffer (``_exchange_buffer``); wgmma operands are
+        for D and -L; x_s: the block inverses' exchange buffer (``exchange_buffer``); wgmma operands are
         rounded to d_s's dtype.
 
         With D = blockdiag(Y_01, Y_23) the inverses of the diagonal 32 x 32 blocks (``_block_inverses``) and L =
         A's block below them, (I + A)^-1 = D + (D (-L)) D in two wgmma products, each of K = BT / 2: L's first BT / 2
         rows and D L's last BT / 2 columns are 0. Those halves left out, the warp-specialized kernel, which computed
         (I - E + E^2 - E^3) D with E = D L from the 16 x 16 blocks in four products of K = BT, went 1.03-1.10x
-        faster; over full K, D - (D L) D had measured 0.92-1.04x there (BENCHMARKS.md, forty-fifth session)."""
+        faster; over full K, D - (D L) D had measured 0.92-1.04x there ."""
         dt: gl.constexpr = d_s.dtype
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -207,7 +193,7 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _chunk_rows(item, chunk_indices, seq_bounds, HV: gl.constexpr, BT: gl.constexpr):
         """The first token of item's chunk (items: (chunk, value head), value heads fastest, as
-        chunk._chunk_program: GVA heads share the key tile in L2) and the chunk's rows in its sequence."""
+        tiles.chunk_program: GVA heads share the key tile in L2) and the chunk's rows in its sequence."""
         i_c = item // HV
         i_n = gl.load(chunk_indices + 2 * i_c)
         tok = gl.load(seq_bounds + 2 * i_n).to(gl.int32) + gl.load(chunk_indices + 2 * i_c + 1) * BT
@@ -226,7 +212,7 @@ if GLUON_MISSING is None:
         tile: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BT], dt)
         d_s = gl.allocate_shared_memory(dt, [BT, BT], tile)
         l_s = gl.allocate_shared_memory(dt, [BT, BT], tile)  # then Ai on its way out
-        x_s = _exchange_buffer(BT)  # the solve's scratch
+        x_s = exchange_buffer(BT)  # the solve's scratch
         bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for b in gl.static_range(2):
             mbarrier.init(bars.index(b), count=1)
@@ -237,7 +223,7 @@ if GLUON_MISSING is None:
 
         n_mine = gl.cdiv(n_items - pid, P)
         tok, n_valid = _chunk_rows(pid, chunk_indices, seq_bounds, HV, BT)
-        _fetch(k_desc, tok, (pid % HV // (HV // H)) * K, bars.index(0), k_s.index(0), True)
+        fetch(k_desc, tok, (pid % HV // (HV // H)) * K, bars.index(0), k_s.index(0), True)
         for j in range(n_mine):
             item = pid + j * P
             i_h = item % HV
@@ -250,12 +236,12 @@ if GLUON_MISSING is None:
             KK = _kkt(k_s.index(j % 2), BT, mma)
             tma.store_wait(pendings=0)  # the last Ai has left l_s
             cta_barrier()  # and every warp's K K^T before this one has read the other key tile
-            _fetch(k_desc, tok_nxt, (nxt % HV // (HV // H)) * K, bars.index((j + 1) % 2), k_s.index((j + 1) % 2),
-                   j + 1 < n_mine)
+            fetch(k_desc, tok_nxt, (nxt % HV // (HV // H)) * K, bars.index((j + 1) % 2), k_s.index((j + 1) % 2),
+                  j + 1 < n_mine)
             gc_r, gc_c = _chunk_cumsum(gl.convert_layout(g_t, gl.SliceLayout(0, mma)), BT, mma)
             gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
             A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma)
-            Ai_t = _solve(A, d_s, l_s, x_s, BT, mma) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
+            Ai_t = solve_inverse(A, d_s, l_s, x_s, BT, mma) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
             if n_valid >= BT:
                 l_s.store(Ai_t.to(dt))
                 fence_async_shared()
@@ -284,11 +270,11 @@ def unsupported(k: Tensor, raw_gate: bool, qk_l2norm: bool) -> str | None:
 def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, seq_bounds: Tensor, chunk_indices: Tensor,
                HV: int) -> None:
     """gc [tokens, HV] (fp32) and Ai [tokens, HV, 64] of the chunks in chunk_indices ([NT, 2]: sequence, chunk
-    within it) of the sequences in seq_bounds ([N, 2] token ranges), as ``chunk_fused._chunk_prep_fn`` computes
+    within it) of the sequences in seq_bounds ([N, 2] token ranges), as ``chunk.prep``'s fused prep kernel computes
     them. k [B, T, H, K], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     H, K = k.shape[2], k.shape[3]
     tokens = k.shape[0] * k.shape[1]
-    items = chunk_indices.shape[0] * HV  # at least one: chunk_fused._prep skips layouts without chunks
+    items = chunk_indices.shape[0] * HV  # at least one: prep.run_prep skips layouts without chunks
     descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
     programs = min(items, sm_count(k.device) * PROGRAMS_PER_SM[K])
     _chunk_prep_kernel[(programs,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, items, H=H, HV=HV, K=K, BT=BT,

@@ -1,101 +1,33 @@
-"""``chunk_fused``'s prep and walk in one warp-specialized kernel for Hopper (sm_90), in Gluon.
+"""The fused pipeline's prep and walk in one warp-specialized kernel for Hopper (sm_90), in Gluon.
 
-The two-kernel path runs the prep kernel (``chunk_prep_sm90``) over every chunk, then the walk
-(``chunk_walk_transposed_sm90``): the prep's time and the walk's dependent chain add up, while neither fills
-the SM on its own (BENCHMARKS.md, thirty-third session: the walk alone takes about FlashInfer's whole time).
+The two-kernel path runs the prep kernel (``prep``) over every chunk, then the walk
+(``walk_transposed``): the prep's time and the walk's dependent chain add up, while neither fills
+the SM on its own (the walk alone takes about FlashInfer's whole time).
 Here one program per SM takes (sequence, value head) pairs in turn, or warm-up segments of them (WARM_UP:
-``chunk.SegmentLayout.walks``, whose warm-up chunks store no output), dealt on the host longest first
-(``chunk.WalkOrder``), and its four warpgroups overlap them:
+``layout.SegmentLayout.walks``, whose warm-up chunks store no output), dealt on the host longest first
+(``layout.WalkOrder``), and its four warpgroups overlap them:
 
   - the loader warpgroup (one warp of it on whole walks) issues the TMA loads (k, q, v) and loads the gates,
     gc = cumsum(g) and beta, with the exps the walkers take of them, -2^gc, 2^(gc_last - gc) and the output's scale
     2^gc (gc in log2 units), as many chunks ahead as the stages let it;
-  - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``chunk_prep_sm90``'s code, its block
+  - the prep warpgroup computes each chunk's Ai = (I + A)^-1 diag(beta) (``prep``'s code, its block
     inverses in each warp's registers) and the gated scores P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j
     (whose gates are A's; P carries the attention scale), into shared memory, one chunk ahead of the walkers;
   - two walker warpgroups (value columns 0-63 and 64-127) each keep S^T [64, K] in registers and run
-    ``chunk_walk_transposed_sm90``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
+    ``walk_transposed``'s chain on them: (K S)^T and (Q S)^T, X^T = V^T - (K S)^T o exp(gc),
     v_new^T = X^T Ai^T, then the state update and O^T = (Q S)^T o scale exp(gc) + v_new^T P^T.
 
 Shared memory (one program per SM): k, q and v in three stages (a stage's k and q in one tile), the gates and their
 exps in three, Ai and P in two (the Ai stage holds -L during the solve), the solve's D and its block inverses' 4 KB
-exchange: 192.1 KB, so 34.9 of the 227 are free (the S^T tiles' 32 KB since the forty-eighth session). The output
+exchange: 192.1 KB, so 34.9 of the 227 are free. The output
 leaves by TMA through the walker's half of the chunk's v tile, once read.
 Registers: setmaxnreg gives the walkers 176 each, the prep 136 and the loader 24.
 
-Measured on an H100 (BENCHMARKS.md, thirty-fourth session): 1.01-1.09x faster than the prep kernel and the Triton
-walk on many walks of one chunk (parity B=64 T=64: 1.07x) and 1.01-1.04x on 512+ walks of two; 0.86x at
-qwen3-next B=4 T=8192 and slower still on few long walks (it walks whole sequences only, where the default cuts
-them into warm-up segments). The prep warpgroup's chain, about 11,000 cycles a chunk, set the pace. Thirty-fifth
-session: with no spills in the prep warpgroup, its gates loaded two chunks ahead and its block inverses through
-the diagonal blocks alone, 1.12-1.19x faster again (B=4 T=8192: 0.95x of the default path).
+Measured against the prep kernel and the transposed walk (docs/decisions/0017-specialized-kernel.md) it wins
+where many walks keep its programs busy; ``plan.walk_default`` takes it there. Its design choices and what each
+bought are in docs/decisions/0020-specialized-kernel-design.md.
 
-Thirty-sixth session: with S^T as the walkers' A operand in registers, ptxas serialized every wgmma of this
-kernel ("insufficient register resources"), so that no asynchronous issue overlapped anything. S^T from shared
-memory leaves the walkers 128 registers of tiles in flight, and the wgmmas pipeline: 1.02-1.14x (B=4 T=8192: 1.14x,
-now 1.05x faster than the two-kernel path). ``chunk_fused.walk_default`` picks this kernel where it wins
-(``SPECIALIZED_*``).
-
-Thirty-seventh session: the loads, the gates' cumsum and the walk order moved from the prep warpgroup to a fourth
-one of 24 registers, which shortens the prep's loop by a fifth (1,618 SASS instructions against 2,057): 1.07-1.08x
-on parity's many short walks, 0.99x at qwen3-next B=4 T=8192. Thirty-eighth session: the walks dealt longest first
-instead of in order, 1.09-1.28x on unequal ones whose longest met on one program (parity varlen N=64 T=6656: 1.21x);
-K K^T's gates unmasked (``_gated_kkt``), 1.01-1.03x. Thirty-ninth session: the block inverses by doubling in
-registers (``chunk_prep_sm90._block_inverses``), 1.01-1.05x (B=4 T=8192: 1.02x). Forty-first session: the walkers
-no longer mask the tokens past a sequence's end (beta is 0 there, so v_new comes out 0 for them), a fifth fewer
-instructions in their loops: 1.03x at B=4 T=8192 and on parity's 256+ walks; the scores made before the solve,
-from A's gates (one exp a chunk where there were two), 1.02-1.04x. Forty-second session: the output through the v
-tile instead of S^T's, and the next chunk's S^T stored before it (no longer waiting for its copy), 1.036x at B=4
-T=8192. Forty-third session: warm-up segments, where the two-kernel path ran the prep kernel and the transposed walk
-over them: 1.06-1.20x on qwen3-next B=1 (T=65536: 1.149 x 1.039 in two A/Bs chained, H100; 1019 us on an H200).
-Forty-fourth session: every 6th chunk's Ai from the prep kernel, beforehand, which the prep warpgroup then left out:
-1.01-1.02x at qwen3-next B=1 T=65536, a loss on shorter programs (H100 and H200); dropped in the forty-fifth, where it
-lost 7% at T=65536 to the cheaper solve. Forty-fifth session: the solve in ``chunk_prep_sm90``'s form, D - (D L) D from
-the 32 x 32 blocks in two products of K = 32, where it took (I - M + M^2 - M^3) D from the 16 x 16 blocks in four of
-K = 64 (the block inverses' exchange this costs had not paid while the products took all of K); and the scores' mask
-kept in the prep's loop (``gluon_hopper.unhoisted``): hoisted, ptxas rebuilt it bit by bit every chunk, a chain of
-about 100 dependent instructions, 8% of the prep's loop (alone 0.5% over the old solve, 2-7% over the new one).
-Together 1.08-1.11x on qwen3-next and 1.04-1.07x on parity's rows of two chunks a walk or more, level on B=64 T=64;
-the block inverses' exchange without layout conversions through shared memory 1.01-1.02x more; a warm-up segment's
-first chunk without h0 skipping (K S)^T and (Q S)^T, which are 0, 1.02-1.04x on qwen3-next B=1 (whole walks keep
-them: skipped there, B=4 T=8192 lost 3%) (H100, side by side; H200: B=1 T=65536 0.887 ms; BENCHMARKS.md,
-forty-fifth session). Forty-sixth session: over warm-up segments the loader finds where each one's warm-up starts and
-leaves the row in the walk's first stage for the prep and the walkers, where a kernel of its own ran before this one:
-1.02-1.06x on qwen3-next B=1 (H200; whole walks read their rows from memory as before, since waiting for the first
-chunk to read the row cost parity's short walks 1-3%). Forty-eighth session: where each program's first row is one it
-can compute (``WalkOrder.regular``: padded sequences dealt in order) the loader does, a round trip sooner at the launch:
-1.004-1.018x on parity's padded short walks (H200), level elsewhere. Then S^T back in registers as the A operand of
-(K S)^T and (Q S)^T, one half of K at a time (``_walk_chunk``), where since the thirty-sixth session it went through
-shared memory: no S^T store and fence a chunk, half the shared-memory reads of those two products, and ptxas pipelines
-the wgmmas at 176 registers still. The walkers alone 1.19x faster at B=4 T=8192; the kernel 1.03-1.09x over
-71bec99's, the computed rows included (H200). Fiftieth session: gc kept in log2 units from the loader's cumsum on, so
-that each of its exps is one bare ex2 (2-3.5% fewer instructions in the prep and the walkers): 1.00-1.04x (B=4
-T=8192: 1.044x, H200). Fifty-second session: the walkers' exps of the gates (33 ex2 a chunk each) made once by
-the loader, which spends two a token on them: per-step clock64 stamps had shown the prep's exp and block-inverse
-steps taking twice their time alone beside the walkers (BENCHMARKS.md); the walkers now compile without spills.
-1.024x at B=4 T=8192 and 1.009x at parity B=16 T=256, level elsewhere (H200). Fifty-third session: the prep's loop
-cut from 1,061 to 972 instructions (the block inverses' blocks picked by selects, ``chunk_prep_sm90._column_blocks``;
-P's mask on the gates), the walkers' SASS unchanged: 1.027x at B=4 T=8192, 1.01-1.035x on the other rows of two
-chunks a walk or more, level on B=64 T=64 (H200). Fifty-fourth session: a stage's k and q tiles in one allocation,
-k's rows then q's, so that each walker's (K S)^T and (Q S)^T are one product of N = 128 (30 fewer instructions in
-each walker's loop), and the block inverses' dead A_{2,1} select dropped (16 fewer in the prep's): 1.016x at
-B=4 T=8192 (409.6 -> 403.2 us), level elsewhere (H200). Then the gates in their chunk's stage of k, q and v, ready
-with it and freed with it (one barrier and one arrival fewer a chunk in the prep and each walker, and no wait in the
-loader), and 2^gc_last read alone: 1.027x over af90099 at B=4 T=8192 (409.7 -> 398.8 us) against kqmerge's 1.015 in
-the same run, 1.00-1.02x on parity's rows (H200). Fifty-fifth session: a stage of Ai and P freed with its chunk's
-stage of k, q and v (its own barriers gone: a fence, a barrier and an arrival fewer in each walker's chunk), and the
-attention scale carried by P and a fifth row of gates where each walker multiplied its output (32 multiplies fewer a
-chunk): 1.015-1.017x at B=4 T=8192 (398.8 -> 391.9 us), 1.04x at B=1 T=8192, 1.00-1.02x on parity (H200).
-Fifty-sixth session: the loader one warp on whole walks (four warps each did the whole chunk's gates, 14 barriers
-a chunk between them): 1.016x at B=4 T=8192 (389.4 -> 383.4 us), level elsewhere (H200); and -2^gc stored for the
-walkers' X, which took a sign-bit flip an element before its FFMA: 1.021x over 74c7382 there against 1.015 (H200).
-Fifty-seventh session: the prep's solve given -A (``chunk_prep_sm90._solve``), where its products negated A and D L
-(34 instructions a chunk), and two barriers fewer in each walker's chunk: 1.045x over 74c7382 at B=4 T=8192 against
-the tree's 1.023 (384.2 -> 375.7 us), level elsewhere (H200). Fifty-eighth session: the block inverses' blocks below
-the diagonal from one product a warp (``chunk_prep_sm90._block_inverses``; 24 instructions a chunk fewer in the
-prep): 1.052x over 74c7382 at B=4 T=8192 against the tree's 1.043 (375.8 -> 371.2 us), level elsewhere (H200).
-
-Envelope as ``chunk_prep_sm90``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
+Envelope as ``prep``'s and the Gluon walks' together (``unsupported``): sm_90, bf16 or fp16,
 K = V = 128, gates given, q and k normalised beforehand. Rows past a sequence's end within its last chunk
 hold the next sequence's tokens, which the masks drop as the two kernels drop them.
 Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU tests run it.
@@ -105,20 +37,20 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .chunk import WALK_ROW, WALK_STORES_HT, WALK_TAKES_H0, WalkOrder
-from .chunk_prep_sm90 import unsupported as _prep_unsupported
-from .chunk_walk_sm90 import unsupported as _walk_unsupported
+from ..layout import WALK_ROW, WALK_STORES_HT, WALK_TAKES_H0, WalkOrder
+from .prep import unsupported as prep_unsupported
+from .walk import unsupported as walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
-    from .chunk_prep_sm90 import _exchange_buffer, _solve
-    from .chunk_walk_transposed_sm90 import _chunk_tokens, _state_offsets, _store_output, _warm_up_start
+    from .prep import exchange_buffer, solve_inverse
+    from .walk_transposed import chunk_tokens, state_offsets, store_output, warm_up_start
     from .gluon_hopper import (LOG2E, cta_barrier, exp2, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                unhoisted, warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["chunk_specialized", "unsupported", "describe"]
 
-BT = 64  # tokens per chunk (chunk.CHUNK)
+BT = 64  # tokens per chunk (layout.CHUNK)
 BV = 64  # value columns per walker
 NA = 3  # stages of k, q and v
 NC = 2  # stages of Ai and P
@@ -157,13 +89,13 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _my_walks(order):
-        """How many walks this program takes (``chunk.WalkOrder``)."""
+        """How many walks this program takes (``layout.WalkOrder``)."""
         return gl.load(order[0] + gl.program_id(0))
 
     @gluon.jit
     def _walk_bounds(order, i, HV: gl.constexpr, BT: gl.constexpr):
         """(walk, value head, first token, first token output, end, chunks, flags) of this program's i-th walk in
-        order (``chunk.WalkOrder``'s row): walk n * HV + h is sequence n's value head h."""
+        order (``layout.WalkOrder``'s row): walk n * HV + h is sequence n's value head h."""
         row = order[1] + _WALK_ROW * (i * gl.num_programs(0) + gl.program_id(0))
         walk = gl.load(row)
         bos = gl.load(row + 1)
@@ -227,7 +159,7 @@ if GLUON_MISSING is None:
                           USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Loads every chunk's k, q and v by TMA into their stages, and its gates, gc = cumsum(g) and beta (0 past the
         sequence's end), with the exps the walkers take of them, into the same stage (``_gate_rows``), as far
-        ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``chunk_prep_sm90``'s
+        ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``prep``'s
         masked row sum over a [64, 64] tile (32 registers a thread)."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
@@ -243,16 +175,16 @@ if GLUON_MISSING is None:
         """The loader's part of this program's walk of these bounds (``_walk_bounds``), from its chunk ``it`` on;
         returns the chunk after its last.
         WARM_UP: the row holds the sequence's start, and the walk starts where the decay before its first output
-        token runs out (``chunk.WalkOrder``): found here, where a kernel of its own launched before this one did it
-        (qwen3-next B=1 1.02-1.06x, H200, forty-sixth session)."""
+        token runs out (``layout.WalkOrder``): found here, where a kernel of its own launched before this one did it
+        (qwen3-next B=1 1.02-1.06x, H200)."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
-        i = _chunk_tokens(BT)  # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
+        i = chunk_tokens(BT)  # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
         walk, i_h, bos, first, eos, NT, flags = bounds
         if WARM_UP:
             seq_bos = bos
-            bos = _warm_up_start(g, first, seq_bos, i_h, HV, BT, False)
+            bos = warm_up_start(g, first, seq_bos, i_h, HV, BT, False)
             flags += (bos == seq_bos).to(gl.int32) * _WALK_TAKES_H0
             NT = (eos - bos + BT - 1) // BT
         col_k = (i_h // (HV // H)) * K
@@ -295,15 +227,15 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _prep_chunk(gc_g, beta_g, k_cur, q_cur, ai_dst, p_dst, d_s, p_scale, BT: gl.constexpr):
         """Ai and P of one chunk into ai_dst and p_dst; k_cur and q_cur hold its tiles, gc_g and beta_g its gates;
-        d_s: the solve's D tile and exchange buffer (``chunk_prep_sm90._solve``). P carries the attention scale
+        d_s: the solve's D tile and exchange buffer (``prep.solve_inverse``). P carries the attention scale
         (p_scale: log2 of it, minus its inverse), put into the gates' rows and taken back out of beta's for A: two
-        numbers a thread where the walkers' output took a multiply an element (fifty-fifth session); the minus makes
-        -A, which ``_solve`` takes.
+        numbers a thread where the walkers' output took a multiply an element ; the minus makes
+        -A, which ``solve_inverse`` takes.
 
         P [i, j] = q_i . k_j exp(gc_i - gc_j) for i >= j, which the walkers read as P^T, comes first: its gates
-        are A's, so one exp serves both (BENCHMARKS.md, forty-first session); masked to 0 above the diagonal, where
+        are A's, so one exp serves both ; masked to 0 above the diagonal, where
         they may overflow, before either product (the solve never reads A there), which spares a select a pair of
-        P's packed elements (fifty-third session)."""
+        P's packed elements ."""
         dt: gl.constexpr = k_cur.dtype
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         log2_scale, minus_inv_scale = p_scale
@@ -318,7 +250,7 @@ if GLUON_MISSING is None:
         gates = gl.where(r[:, None] >= unhoisted(c)[None, :], exp2(gc_r[:, None] - gc_c[None, :]), 0.0)
         p_dst.store((QK * gates).to(dt))
         M = warpgroup_mma(k_cur, k_cur.permute((1, 0)), zero, use_acc=False) * gates * beta_r[:, None]  # -A
-        Ai = _solve(M, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: -L until Ai
+        Ai = solve_inverse(M, d_s[0], ai_dst, d_s[1], BT, mma)  # ai_dst: -L until Ai
         ai_dst.store((Ai * beta_g.load(gl.SliceLayout(0, mma))[None, :]).to(dt))
         fence_async_shared()
         cta_barrier()  # every thread's stores are done before the one arrival
@@ -373,15 +305,15 @@ if GLUON_MISSING is None:
                     HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr,
                     NC: gl.constexpr, WARM_UP: gl.constexpr):
         """This program's chunk ``it`` (its tokens from tok) on this walker's S^T; stores its output unless (WARM_UP)
-        tok is before the walk's first output token (a warm-up chunk, ``chunk.SegmentLayout.walks``); fresh: S is 0,
+        tok is before the walk's first output token (a warm-up chunk, ``layout.SegmentLayout.walks``); fresh: S is 0,
         so (K S)^T and (Q S)^T are too. Returns S.
 
         (K S)^T and (Q S)^T take S^T from registers as their A operand, one half of K at a time, the first half's
         products waited for before the second half's operand is made: with both halves' operands live at once ptxas
         serialized every wgmma of the kernel, and through shared memory S^T cost a store and a fence a chunk and the
-        shared-memory reads of both products (BENCHMARKS.md, thirty-sixth and forty-eighth sessions). The two are one
+        shared-memory reads of both products . The two are one
         product of N = 2 BT over the stage's k and q rows, which lie one after the other (``_keys``, ``_queries``):
-        half the wgmma instructions of two of N = BT, 30 fewer instructions a chunk (fifty-fourth session)."""
+        half the wgmma instructions of two of N = BT, 30 fewer instructions a chunk ."""
         kq_s, v_s, kq_ready, kq_free, _ = ring
         ai_s, p_s, c_ready = made
         dt: gl.constexpr = kq_s.dtype
@@ -443,7 +375,7 @@ if GLUON_MISSING is None:
         # the output leaves through this walker's v tile, read into X above; the stage goes back to the loader at the
         # next chunk, once the copy has read it (``_release_last_stage``)
         if not WARM_UP or tok >= first:
-            _store_output(O, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
+            store_output(O, v_s.index(2 * s + HALF), tok, eos, o_desc, o, col_v, HV, V, BT, BV)
         return S
 
     @gluon.jit
@@ -451,7 +383,7 @@ if GLUON_MISSING is None:
                 BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                 USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
-        (``chunk.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
+        (``layout.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
         its end and output from their first token on."""
         ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
         kq_ready, walk_s = ring[2], ring[4]
@@ -469,7 +401,7 @@ if GLUON_MISSING is None:
             S = gl.zeros([BV, K], gl.float32, mma_s)
             if USE_H0:
                 if takes_h0:
-                    S = gl.load(h0 + _state_offsets(walk, HALF, K, V, BV, mma_s))
+                    S = gl.load(h0 + state_offsets(walk, HALF, K, V, BV, mma_s))
             col_v = i_h * V + HALF * BV
             for t in range(NT):
                 if WARM_UP:  # a segment that takes no h0 starts from S = 0
@@ -481,7 +413,7 @@ if GLUON_MISSING is None:
                 it += 1
             if STORE_HT:
                 if stores_ht:
-                    gl.store(ht + _state_offsets(walk, HALF, K, V, BV, mma_s), S)
+                    gl.store(ht + state_offsets(walk, HALF, K, V, BV, mma_s), S)
         tma.store_wait(pendings=0)
 
     @gluon.jit
@@ -510,7 +442,7 @@ if GLUON_MISSING is None:
         ai_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         p_s = gl.allocate_shared_memory(dt, [NC, BT, BT], tile)
         d_s = (gl.allocate_shared_memory(dt, [BT, BT], tile),  # the prep's D and its block inverses' exchange
-               _exchange_buffer(BT))
+               exchange_buffer(BT))
         kq_ready = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         kq_free = gl.allocate_shared_memory(gl.int64, [NA, 1], mbarrier.MBarrierLayout())
         c_ready = gl.allocate_shared_memory(gl.int64, [NC, 1], mbarrier.MBarrierLayout())
@@ -539,7 +471,7 @@ if GLUON_MISSING is None:
 
 def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | None:
     """Why this kernel cannot run a call with these inputs (None: it can)."""
-    return _walk_unsupported(q, V, qk_l2norm) or _prep_unsupported(q, raw_gate, qk_l2norm)
+    return walk_unsupported(q, V, qk_l2norm) or prep_unsupported(q, raw_gate, qk_l2norm)
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,

@@ -1,6 +1,6 @@
-"""``chunk_fused``'s walk with the output fused in, for Hopper (sm_90), in Gluon, with the state transposed.
+"""The fused pipeline's walk with the output fused in, for Hopper (sm_90), in Gluon, with the state transposed.
 
-The math of ``chunk_walk_sm90`` (and of ``chunk._chunk_state_fn`` with FROM_AI and FUSE_OUTPUT), computed on
+The math of ``walk`` (and of ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT), computed on
 transposed tiles: one program per (sequence, value head, V-block of 64 columns) keeps S^T [64, K] in registers,
 so that the state itself is the register A operand of K S and Q S, and the key and query tiles are read from
 shared memory once per 64 value columns instead of once per 32. Per chunk:
@@ -14,18 +14,18 @@ P^T [j, i] = k_j . q_i exp(gc_i - gc_j) for i >= j goes to shared memory, as the
 output is stored while the next chunk's scores finish. Tiles arrive by TMA: q and k two chunks ahead, v and Ai
 one, or on long walks two (``long_walk``).
 
-Why a second Gluon walk: its programs are twice as wide as ``chunk_walk_sm90``'s (BV 64 in one warpgroup, 255
+Why a second Gluon walk: its programs are twice as wide as ``walk``'s (BV 64 in one warpgroup, 255
 registers; the untransposed kernel spills there), which pays where 64-column programs outnumber the SMs
-(``chunk_fused.walk_default``, with the measurements): whole calls 1.15x at qwen3-next B=4 T=8192 and 1.09x at
+(``plan.walk_default``, with the measurements): whole calls 1.15x at qwen3-next B=4 T=8192 and 1.09x at
 parity B=16 T=256 on an H100; in more waves, 1.03-1.15x over the Triton walk on walks of 4 chunks or more.
-On long walks at one program per SM its longer chain per chunk loses to ``chunk_walk_sm90``'s two narrow ones;
+On long walks at one program per SM its longer chain per chunk loses to ``walk``'s two narrow ones;
 on walks of 4 to 11 chunks it still wins there, by 1.02-1.13x, down to half the SMs. It also
-walks warm-up segments (``chunk.SegmentLayout`` with warm_up: each segment first walks a few chunks before it,
-state only, as ``chunk._chunk_state_fn`` with SEGMENT 3), whose sizes give it about two programs per SM:
+walks warm-up segments (``layout.SegmentLayout``: each segment first walks a few chunks before it,
+state only, as ``state``'s Triton walk with WARM_UP), whose sizes give it about two programs per SM:
 1.12-1.26x over the Triton walk on the same segments (qwen3-next B=1, long-prefill, parity's few long walks;
 H100).
 
-Envelope and short last chunks as ``chunk_walk_sm90``'s (its ``unsupported``): a short last chunk's columns
+Envelope and short last chunks as ``walk``'s (its ``unsupported``): a short last chunk's columns
 past the sequence end hold the next sequence's tokens, which X, v_new and the masked output store drop.
 Gluon has no interpreter: the CPU tests compile this kernel for sm_90; the GPU tests run it.
 """
@@ -34,18 +34,18 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .chunk import WARM_UP_LOG_DECAY, SegmentLayout
-from .chunk_walk_sm90 import launch, unsupported
+from ..layout import WARM_UP_LOG_DECAY, SegmentLayout
+from .walk import launch, unsupported
 from .gluon_hopper import GLUON_MISSING
 
 if GLUON_MISSING is None:
-    from .chunk_walk_sm90 import _fetch, _program_walk
+    from .walk import fetch, program_walk
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_store,
                                warpgroup_mma, warpgroup_mma_wait)
 
 __all__ = ["fused_walk", "unsupported", "BV", "describe"]
 
-BT = 64  # tokens per chunk (chunk.CHUNK)
+BT = 64  # tokens per chunk (layout.CHUNK)
 BV = 64  # value columns per program: the M of every product but the scores
 WARPS = 4  # one warpgroup
 TAKES_WARM_UP_SEGMENTS = True  # fused_walk(segments=...)
@@ -81,7 +81,6 @@ if GLUON_MISSING is None:
         P = PT * exp(gl.where(c[None, :] >= r[:, None], gc_c[None, :] - gc_r[:, None], float("-inf")))
         p_s.store(P.to(p_s.dtype))
         fence_async_shared()
-
     @gluon.jit
     def _chunk_front(t, NT, bos, eos, S, gates, q_s, k_s, v_s, ai_s, bars, q_desc, v_desc, ai_desc, i_h, col_k,
                      col_v, BV: gl.constexpr, BT: gl.constexpr, mma: gl.constexpr, NB: gl.constexpr):
@@ -99,7 +98,7 @@ if GLUON_MISSING is None:
         QS = warpgroup_mma(Sa, q_s.index(t % 2).permute((1, 0)), zero, use_acc=False, is_async=True)
         # both waited here: Sa's registers are free for the rest of the chunk (255 without spills)
         KS, QS, Sa = warpgroup_mma_wait(num_outstanding=0, deps=(KS, QS, Sa))
-        _fetch(q_desc, tok + 2 * BT, col_k, bars.index(t % 2), q_s.index(t % 2), t + 2 < NT)
+        fetch(q_desc, tok + 2 * BT, col_k, bars.index(t % 2), q_s.index(t % 2), t + 2 < NT)
         b = t % NB  # this chunk's v and Ai buffers, and their barriers' phase
         ph = (t // NB) & 1
         mbarrier.wait(bars.index(2 + b), ph)
@@ -110,8 +109,8 @@ if GLUON_MISSING is None:
         VN, Xa = warpgroup_mma_wait(num_outstanding=0, deps=(VN, Xa))
         cta_barrier()  # every thread's reads of v_s are done before the next chunk's tiles land there
         more = t + NB < NT
-        _fetch(v_desc, tok + NB * BT, col_v, bars.index(2 + b), v_s.index(b), more)
-        _fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 + NB + b), ai_s.index(b), more)
+        fetch(v_desc, tok + NB * BT, col_v, bars.index(2 + b), v_s.index(b), more)
+        fetch(ai_desc, tok + NB * BT, i_h * BT, bars.index(2 + NB + b), ai_s.index(b), more)
         VN = gl.where(valid, VN, 0.0)
         vn_a = gl.convert_layout(VN.to(dt), a_op)
         vnd_a = gl.convert_layout((VN * exp(gc_last - gc_c)[None, :]).to(dt), a_op)
@@ -133,10 +132,10 @@ if GLUON_MISSING is None:
         nxt = _gates(gc, tok + BT, eos, i_h, HV, BT, mma)
         PT = _scores_issue(gl.minimum(t + 1, NT - 1), k_s, q_s, bars, BT, NB, mma)
         S, O, vn_a, vnd_a = warpgroup_mma_wait(num_outstanding=1, deps=(S, O, vn_a, vnd_a))
-        _fetch(k_desc, tok + 2 * BT, col_k, bars.index(2 * NB + 2 + t % 2), k_cur, t + 2 < NT)
+        fetch(k_desc, tok + 2 * BT, col_k, bars.index(2 * NB + 2 + t % 2), k_cur, t + 2 < NT)
         if STORE_O:
             tma.store_wait(pendings=0)  # the last chunk's output has left o_s
-            _store_output(O * scale, o_s, tok, eos, o_desc, o, col_v, HV, V, BT, BV, LAST)
+            store_output(O * scale, o_s, tok, eos, o_desc, o, col_v, HV, V, BT, BV, LAST)
         PT = warpgroup_mma_wait(num_outstanding=0, deps=(PT, ))
         _scores_store(PT, nxt, p_s, BT, mma)
         return S, nxt
@@ -153,8 +152,8 @@ if GLUON_MISSING is None:
                            o_desc, o, col_k, col_v, scale, HV, V, BV, BT, NB, mma, LAST, STORE_O)
 
     @gluon.jit
-    def _store_output(O, o_t, tok, eos, o_desc, o, col_v, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-                      BV: gl.constexpr, LAST: gl.constexpr = True):
+    def store_output(O, o_t, tok, eos, o_desc, o, col_v, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                     BV: gl.constexpr, LAST: gl.constexpr = True):
         """A chunk's O^T [BV, BT] (its tokens from tok, value columns from col_v) into the output o: by TMA through
         the shared-memory tile o_t, free by then, or where the chunk is short (only a walk's LAST may be), row by
         row: TMA would write its rows past the end, into the next sequence's."""
@@ -170,7 +169,7 @@ if GLUON_MISSING is None:
             gl.store(ptrs, O.to(o_t.dtype), mask=(tok + c < eos)[None, :])
 
     @gluon.jit
-    def _state_offsets(i_nh, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, mma_s: gl.constexpr):
+    def state_offsets(i_nh, i_v, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, mma_s: gl.constexpr):
         """Offsets of the program's S^T [BV, K] in h0 / ht [N, HV, K, V]."""
         r = gl.arange(0, BV, layout=gl.SliceLayout(1, mma_s))
         c = gl.arange(0, K, layout=gl.SliceLayout(0, mma_s))
@@ -179,7 +178,7 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV: gl.constexpr, WARM_UP: gl.constexpr):
         """(the walk's state's row in h0 / ht, the token its walk starts from h0 at (its sequence's start),
-        whether it ends with ht): a warm-up segment (chunk.SegmentLayout.warm_up) takes its sequence's h0 where
+        whether it ends with ht): a warm-up segment (layout.SegmentLayout) takes its sequence's h0 where
         its walk starts at the sequence's start, and stores its ht where it ends the sequence; a whole sequence,
         both always."""
         if WARM_UP:
@@ -190,17 +189,17 @@ if GLUON_MISSING is None:
             return i_nh, first, True
 
     @gluon.jit
-    def _chunk_tokens(BT: gl.constexpr):
+    def chunk_tokens(BT: gl.constexpr):
         """0 .. BT - 1 over the calling partition's warps: a token a thread, or more where its warps are fewer."""
         return gl.arange(0, BT, layout=gl.BlockedLayout([max(BT // (32 * gl.num_warps()), 1)], [32], [gl.num_warps()],
                                                         [0]))
 
     @gluon.jit
-    def _warm_up_start(gates, bos, seq_bos, i_h, HV: gl.constexpr, BT: gl.constexpr, CUMSUM: gl.constexpr):
+    def warm_up_start(gates, bos, seq_bos, i_h, HV: gl.constexpr, BT: gl.constexpr, CUMSUM: gl.constexpr):
         """Where a warm-up segment starting at bos starts walking: as many whole chunks back as their summed
         log decay needs to reach WARM_UP_LOG_DECAY, or its sequence's start. gates: the chunk-local cumulative log
         decays gc (CUMSUM: a chunk's sum is its last token's), or the log decays g, a chunk's summed over its
-        tokens (``chunk_specialized_sm90``'s loader, which keeps no gc in memory)."""
+        tokens (``specialized``'s loader, which keeps no gc in memory)."""
         start = bos
         log_decay = 0.0
         while (start > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):
@@ -208,7 +207,7 @@ if GLUON_MISSING is None:
             if CUMSUM:
                 log_decay += gl.load(gates + (start + BT - 1) * HV + i_h)
             else:
-                i = _chunk_tokens(BT)
+                i = chunk_tokens(BT)
                 log_decay += gl.sum(gl.load(gates + (start + i) * HV + i_h).to(gl.float32), axis=0)
         return start
 
@@ -218,16 +217,16 @@ if GLUON_MISSING is None:
                            BV: gl.constexpr, BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            LONG_WALK: gl.constexpr, WARM_UP: gl.constexpr):
         NB: gl.constexpr = 2 if LONG_WALK else 1  # v and Ai buffers (q and k: 2)
-        i_nh, i_h, i_v, first, eos, NT = _program_walk(seq_bounds, HV, V, BV, BT)
+        i_nh, i_h, i_v, first, eos, NT = program_walk(seq_bounds, HV, V, BV, BT)
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         i_state, seq_bos, _ = _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV, WARM_UP)
         bos = first
         if WARM_UP:  # from a few chunks before the segment
-            bos = _warm_up_start(gc, first, seq_bos, i_h, HV, BT, True)
+            bos = warm_up_start(gc, first, seq_bos, i_h, HV, BT, True)
             NT = (eos - bos + BT - 1) // BT
         if USE_H0:
-            S = gl.where(bos == seq_bos, gl.load(h0 + _state_offsets(i_state, i_v, K, V, BV, mma_s)), 0.0)
+            S = gl.where(bos == seq_bos, gl.load(h0 + state_offsets(i_state, i_v, K, V, BV, mma_s)), 0.0)
         else:
             S = gl.zeros([BV, K], gl.float32, mma_s)
         dt: gl.constexpr = q_desc.dtype
@@ -245,11 +244,11 @@ if GLUON_MISSING is None:
             col_v = i_h * V + i_v * BV
             col_k = (i_h // (HV // H)) * K
             for i in gl.static_range(2):
-                _fetch(q_desc, bos + i * BT, col_k, bars.index(i), q_s.index(i), NT > i)
-                _fetch(k_desc, bos + i * BT, col_k, bars.index(2 * NB + 2 + i), k_s.index(i), NT > i)
+                fetch(q_desc, bos + i * BT, col_k, bars.index(i), q_s.index(i), NT > i)
+                fetch(k_desc, bos + i * BT, col_k, bars.index(2 * NB + 2 + i), k_s.index(i), NT > i)
             for i in gl.static_range(NB):
-                _fetch(v_desc, bos + i * BT, col_v, bars.index(2 + i), v_s.index(i), NT > i)
-                _fetch(ai_desc, bos + i * BT, i_h * BT, bars.index(2 + NB + i), ai_s.index(i), NT > i)
+                fetch(v_desc, bos + i * BT, col_v, bars.index(2 + i), v_s.index(i), NT > i)
+                fetch(ai_desc, bos + i * BT, i_h * BT, bars.index(2 + NB + i), ai_s.index(i), NT > i)
             gates = _gates(gc, bos, eos, i_h, HV, BT, mma)
             PT = warpgroup_mma_wait(num_outstanding=0, deps=(_scores_issue(0, k_s, q_s, bars, BT, NB, mma), ))
             _scores_store(PT, gates, p_s, BT, mma)
@@ -270,14 +269,14 @@ if GLUON_MISSING is None:
             i_state, _, to_ht = _state_of_walk(i_nh + gl.minimum(NT, 0), i_h, first, eos, seg_parent, parent_bounds, HV,
                                                WARM_UP)
             if to_ht:
-                gl.store(ht + _state_offsets(i_state, i_v, K, V, BV, mma_s), S)
+                gl.store(ht + state_offsets(i_state, i_v, K, V, BV, mma_s), S)
 
 
 def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
                ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
                segments: SegmentLayout | None = None) -> None:
-    """``chunk_walk_sm90.fused_walk``'s call and result. long_walk: v and Ai tiles two chunks ahead (16 KB
-    more shared memory). segments: warm-up segments (``chunk.SegmentLayout`` with warm_up) of the N sequences
+    """``walk.fused_walk``'s call and result. long_walk: v and Ai tiles two chunks ahead (16 KB
+    more shared memory). segments: warm-up segments (``layout.SegmentLayout``) of the N sequences
     of seq_bounds, walked instead of whole sequences, each from a few chunks before it (its outputs only)."""
     if segments is None:
         launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk,

@@ -1,16 +1,11 @@
 """Picking a kernel's launch config by timing its candidates side by side (every bundled kernel's tuner).
 
 Triton's autotuner times the candidates one after another, with a separately launched kernel per
-sample. For the decode kernel that gave picks that changed from one process to the next: on an H100,
-B=512 T=1 with a bf16 pool ran BV 8 / 1 warp (409 us) in one process and BV 64 / 8 warps (384 us) in
-another; forced and timed in alternation at B=256, both were 4% slower than BV 32 / 8 warps. Here
-each candidate's launch is captured once in a CUDA graph (no host launch cost inside a sample), and
+sample, and its picks change from one process to the next with the clock and thermal drift of the
+moment (docs/decisions/0014-recurrent-tuning.md, 0019-chunk-kernel-configs.md). Here each candidate's launch is captured once in a CUDA graph (no host launch cost inside a sample), and
 samples are taken in rounds, one per candidate in turn, with L2 flushed before each (as gdnbench's
 default timer does): clock and thermal drift then touch every candidate alike. The pick is the lowest
-median. The chunk kernels' autotuner picks were flukes of the same kind: on an H100, parity's varlen
-N=32 T=4096 ran 55.8 us instead of 37.9 with a config that Triton's autotuner had picked once on the key's
-first case, and that was 14% behind when its timing was rerun (BENCHMARKS.md, twenty-ninth session).
-``TunedKernel`` puts a Triton kernel behind ``fastest`` as ``triton.autotune`` would.
+median. ``TunedKernel`` puts a Triton kernel behind ``fastest`` as ``triton.autotune`` would.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""The chunked gated delta rule prefill: the multi-kernel pipeline (``chunk_gdn``) and the fused one
+(``chunk_fused_gdn``), each a sequence of stage launches over a prepared layout and workspace."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ..common.tuning import TunedKernel
+from .configs import config_str, tile_width
+from .gate import chunk_gate_kernel
+from .launch import Launch, prepare_launch
+from .layout import CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout
+from .output import output_kernel_for, output_pass
+from .pipeline import run_pipelined
+from .plan import ChunkPlan, make_plan, specialized_order
+from .prep import fused_prep_kernel, kkt_solve_kernel, run_prep
+from .sm90 import GLUON_WALKS, SPECIALIZED
+from .sm90 import prep as sm90_prep
+from .sm90 import specialized as sm90_specialized
+from .state import fused_state_kernel, state_kernel, state_pass, walk_with_output
+from .wu import wu_kernel
+
+
+def _state_and_output(x: Launch, kernel: TunedKernel, *, fuse_output: bool, output_final_state: bool,
+                      segments: SegmentLayout | None = None) -> None:
+    """(d), and (e) over blocks of x.span chunks unless the output is fused into (d); with ``segments``, (d)
+    over warm-up segments. kernel: a TunedKernel of the state pass."""
+    lay, ws = x.lay, x.ws
+    final = ws.final_state if output_final_state else None
+    if segments is None:
+        state_pass(x, kernel, lay, x.h0, final, fuse=fuse_output)
+    else:
+        state_pass(x, kernel, segments.layout, x.h0, final, fuse=fuse_output, seg_parent=segments.parent)
+    if not fuse_output:
+        output_pass(x, output_kernel_for(x.span), lay)
+
+
+def chunk_gdn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    layout: ChunkLayout | None = None,
+    qk_l2norm: bool = False,
+    out: Tensor | None = None,
+    workspace: ChunkWorkspace | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked gated delta rule prefill, one kernel per stage (five launches).
+
+    q, k [B, T, H, K]; v [B, T, HV, V]; HV a multiple of H; K, V <= 256. Gating: g (log decay, fp32) and
+    beta (post-sigmoid) [B, T, HV], or raw a, b [B, T, HV] with A_log, dt_bias [HV]. Varlen: B = 1 and
+    cu_seqlens [N + 1] int64. initial_state [N, HV, K, V] fp32 (K-first). ``layout`` (from
+    ``ChunkLayout.build``), ``workspace`` (``ChunkWorkspace.allocate(..., stages=True)``) and ``out``
+    prebuilt make the call free of host syncs and allocations (CUDA-graph capturable); without them
+    they are built here (cu_seqlens is then read on the host). Returns (o [B, T, HV, V] in q's dtype,
+    final_state [N, HV, K, V] fp32 or None).
+    """
+    x = prepare_launch(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=layout, qk_l2norm=qk_l2norm,
+                       out=out, workspace=workspace, stages=True, fuse_output=False)
+    lay, ws = x.lay, x.ws
+    if lay.NT:
+        grid = (lay.NT * x.HV,)
+        beta_f = ws.beta if x.raw else x.beta
+        chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.seq_bounds,
+                                lay.chunk_indices, HV=x.HV, BT=CHUNK, RAW_GATE=x.raw, num_warps=1)
+        kkt_solve_kernel[grid](x.k, beta_f, ws.gc, ws.A_diag, ws.Ai, lay.seq_bounds, lay.chunk_indices,
+                               H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee,
+                               num_warps=4, num_stages=1)
+        wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.seq_bounds, lay.chunk_indices,
+                        H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, tile_width(x.V)),
+                        L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
+    _state_and_output(x, state_kernel, fuse_output=False, output_final_state=output_final_state)
+    return x.out, ws.final_state if output_final_state else None
+
+
+def chunk_fused_gdn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    beta: Tensor | None = None,
+    *,
+    a: Tensor | None = None,
+    b: Tensor | None = None,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    scale: float,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Tensor | None = None,
+    layout: ChunkLayout | None = None,
+    qk_l2norm: bool = False,
+    out: Tensor | None = None,
+    workspace: ChunkWorkspace | None = None,
+    plan: ChunkPlan | None = None,
+    walk: str | None = None,
+    prep: str | None = None,
+    fuse_output: bool | None = None,
+    output_span: int | None = None,
+    segments: SegmentLayout | None = None,
+    pipeline: PipelineLayout | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Chunked gated delta rule prefill in two or three launches; arguments and result as ``chunk_gdn``'s.
+    plan: how the call runs (``plan.default_plan`` or ``plan.make_plan``, made once on the host; a prebuilt
+    workspace from ``plan.workspace``); None: ``plan.make_plan`` of this call with the fields given here
+    forced (walk, prep, fuse_output, output_span, segments, pipeline: see ``plan.ChunkPlan``). The plan is
+    executed as it stands.
+    """
+    lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
+    fields = dict(walk=walk, prep=prep, fuse_output=fuse_output, output_span=output_span, segments=segments,
+                  pipeline=pipeline)
+    if plan is None:
+        plan = make_plan(lay, q, k, v.shape[3], v.shape[2], raw_gate=a is not None, qk_l2norm=qk_l2norm, **fields)
+    elif any(value is not None for value in fields.values()):
+        raise ValueError("a plan is given: its fields come from the plan, not from the call")
+    if not plan.fused:
+        raise ValueError("the multi-kernel pipeline's plan runs through chunk_gdn")
+    x = prepare_launch(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
+                       output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
+                       out=out, workspace=workspace, stages=False, fuse_output=plan.fuse_output,
+                       segments=plan.segments, output_span=plan.output_span, pipeline=plan.pipeline is not None)
+    final = x.ws.final_state if output_final_state else None
+    if plan.pipeline is not None:
+        run_pipelined(x, plan.pipeline, plan.fuse_output, output_final_state, plan.walk, plan.prep)
+    elif plan.walk == SPECIALIZED:
+        sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final,
+                                           specialized_order(lay, x.HV, q.device, plan.segments), x.scale,
+                                           warm_up=plan.segments is not None)
+    else:
+        run_prep(x, lay, plan.prep)
+        if plan.walk in GLUON_WALKS:
+            walk_with_output(x, lay, x.h0, final, plan.walk, plan.segments)
+        else:
+            _state_and_output(x, fused_state_kernel if plan.fuse_output else state_kernel,
+                              fuse_output=plan.fuse_output, output_final_state=output_final_state,
+                              segments=plan.segments)
+    return x.out, x.ws.final_state if output_final_state else None
+
+
+def describe(plan: ChunkPlan) -> str:
+    """What a plan runs and the configs its tuned kernels ran last, for a result row's path."""
+    if not plan.fused:
+        return "gate, kkt+solve, wu, " + _passes(state_kernel, fuse_output=False, output_span=1)
+    kernels = "gate+kkt+solve in one, W/U in the state pass" + (
+        f", state pass over warm-up segments of {plan.segments.chunks} chunks" if plan.segments else "") + (
+        f", pipelined in groups of {plan.pipeline.chunks} chunks" if plan.pipeline else "")
+    if plan.walk == SPECIALIZED:
+        return f"{kernels}, {sm90_specialized.describe()}"
+    prep = sm90_prep.describe() if plan.prep == "sm90" else f"prep[{config_str(fused_prep_kernel)}]"
+    if plan.walk in GLUON_WALKS:
+        return f"{kernels}, {prep}, {GLUON_WALKS[plan.walk].describe()}"
+    walk_kernel = fused_state_kernel if plan.fuse_output else state_kernel
+    return f"{kernels}, {prep}, " + _passes(walk_kernel, fuse_output=plan.fuse_output, output_span=plan.output_span)
+
+
+def _passes(kernel: TunedKernel, *, fuse_output: bool, output_span: int) -> str:
+    """The state (and output) pass configs of the latest launch."""
+    state = f"state[{config_str(kernel)}]"
+    if fuse_output:
+        return state + "+output fused"
+    per = "" if output_span == 1 else f" per {output_span} chunks"
+    return state + f", output{per}[{config_str(output_kernel_for(output_span))}]"
