@@ -21,15 +21,21 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from gdnbench.backends import Backend, get_backend
 from gdnbench.results import Row, Status
 from gdnbench.runner import RunOptions, Step, device_lost, run_case, status_rows
+from gdnbench.shards import estimated_s
 from gdnbench.suite import Case, Suite
 
 WORKER_LOG = "worker.log"
@@ -178,9 +184,68 @@ def _serve(conn: multiprocessing.connection.Connection, log: str) -> None:
         except EOFError:
             return
         try:
+            if opts.device.type == "cuda":
+                torch.cuda.set_device(opts.device)  # the worker's kernels launch on its GPU
             backends = [get_backend(spec) for spec in specs]
             rows, samples = run_case(case, backends, suite, opts, on_step=lambda s: conn.send(("step", s)))
             conn.send(("done", rows, samples, device_lost(opts.device)))
         except BaseException:
             conn.send(("failed", traceback.format_exc()))
             return
+
+
+class WorkerPool:
+    """One CaseWorker per device (``--gpus``), each taking the next case as it finishes one: cases are dealt
+    largest first (``shards.estimated_s``), so the devices finish about together. A worker that crashes is
+    replaced as a single worker is; the others go on."""
+
+    def __init__(self, devices: Sequence[torch.device], log_dir: Path, specs: dict[str, str]) -> None:
+        self.devices = list(devices)
+        self.workers = [CaseWorker(log_dir / f"worker-{i}.log", specs) for i in range(len(self.devices))]
+        self._stop = threading.Event()
+
+    def run(self, cases: Sequence[Case], backends: Sequence[Backend], suite: Suite, opts: RunOptions,
+            on_done: Callable[[Case, list[Row], list[dict], str | None, str], None]) -> None:
+        """Run every case; ``on_done(case, rows, samples, lost, where)`` is called under a lock as each
+        finishes (``where``: the worker and its device). Ctrl-C stops every worker and returns without the
+        cases in flight."""
+        todo = deque(sorted(cases, key=lambda c: (-estimated_s(c), c.id)))
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def drive(index: int) -> None:
+            worker, own = self.workers[index], replace(opts, device=self.devices[index])
+            while not self._stop.is_set():
+                with lock:
+                    if not todo:
+                        return
+                    case = todo.popleft()
+                try:
+                    rows, samples, lost = worker.run_case(case, backends, suite, own)
+                except BaseException as e:  # a harness bug: stop the run, report it from the main thread
+                    errors.append(e)
+                    self._stop.set()
+                    return
+                if self._stop.is_set():
+                    return  # interrupted: the case's rows may come from a killed worker
+                with lock:
+                    on_done(case, rows, samples, lost, f"worker {index} on {self.devices[index]}")
+
+        threads = [threading.Thread(target=drive, args=(i,), daemon=True) for i in range(len(self.workers))]
+        for t in threads:
+            t.start()
+        try:
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(timeout=0.2)
+        finally:
+            self._stop.set()
+            self.close()
+            for t in threads:
+                t.join(timeout=30)
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()

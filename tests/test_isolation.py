@@ -77,3 +77,26 @@ def test_retry_failed_runs_unfinished_cases_again(tmp_path):
     run, kept = RunDir.resume(tmp_path, ["x", "y"], UNFINISHED)
     run.close()
     assert kept == {"b"}  # a FAIL is a result; a CRASH is not
+
+
+def test_a_worker_per_device_runs_every_case_and_survives_a_crash(tmp_path):
+    """--gpus (here as CPU workers, the test hook): the cases are shared, a worker killed by SIGSEGV on every
+    case is replaced each time, and the run completes with every row."""
+    suite = tmp_path / "pool.yaml"
+    cases = [{"B": 1, "T": t, "H": 1, "HV": 1, "D": 8, "dtype": "fp32"} for t in (5, 6, 7, 8)]
+    suite.write_text(yaml.safe_dump({
+        "name": "pool", "backends": ["torch.recurrent", "tests.fake_backends:segfault"],
+        "timing": {"warmup": 1, "min_samples": 2, "max_samples": 3, "min_time_s": 0.0, "max_time_s": 0.3},
+        "cases": cases}))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--gpus", "0,1", "--out", str(out),
+                                   "--no-history"])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 2 * len(cases) and json.loads((out / "run.json").read_text())["status"] == "complete"
+    status = df.groupby("backend")["status"].agg(set).to_dict()
+    assert status == {"torch.recurrent": {"PASS"}, "fake.segfault": {"CRASH"}}
+    assert df.note.str.contains(r"ran by worker [01] on cpu").all()
+    bad = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--gpus", "0,1", "--no-isolate",
+                                   "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "--no-isolate" in bad.output

@@ -5,25 +5,28 @@ from __future__ import annotations
 import datetime as dt
 import sqlite3
 import sys
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import torch
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from gdnbench import provenance, runner
+from gdnbench.backends import Backend
 from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, die, err_console, select
 from gdnbench.history import connect, record
 from gdnbench.history import default_db as default_history
 from gdnbench.interrupts import sigterm_as_interrupt
 from gdnbench.report import render
-from gdnbench.results import FAILED, UNFINISHED, RunDir, RunDirError, RunFilesError, Status, load_run, run_field
+from gdnbench.results import FAILED, UNFINISHED, Row, RunDir, RunDirError, RunFilesError, Status, load_run, run_field
 from gdnbench.runner import RunOptions
 from gdnbench.shards import ShardError, parse_shard, shard_cases
+from gdnbench.suite import Case, Suite
 from gdnbench.timing import TimingConfig, default_timer, measure_ceilings
-from gdnbench.worker import WORKER_LOG, CaseWorker, run_in_process
+from gdnbench.worker import WORKER_LOG, CaseWorker, WorkerPool, run_in_process
 
 
 class DeviceOpt(str, Enum):
@@ -85,6 +88,10 @@ def run(
     history: bool = typer.Option(
         True, "--history/--no-history", help="Append the run to the results history ($GDNBENCH_HISTORY, else "
                                              "results/history.sqlite; see `gdnbench history`)."),
+    gpus: Optional[str] = typer.Option(
+        None, "--gpus", help="Run on several GPUs at once: a worker per GPU, each taking the next case (largest "
+                             "first), e.g. 0,1 or all. Rows say which GPU ran them. On a CPU, N numbers start N "
+                             "CPU workers."),
     shard: Optional[str] = typer.Option(
         None, "--shard", help="Run shard I of N (e.g. 2/4): whole cases, dealt by estimated cost so the shards "
                               "take about equal time; `gdnbench merge` joins the shards' runs."),
@@ -103,16 +110,7 @@ def run(
         die("--resume goes on with the run in --out, --force replaces it: give one of them")
     sel = select(suite_spec, backends, filter_)
     suite, names, chosen, cases = sel.suite, sel.names, sel.backends, sel.cases
-    shard_meta = None
-    if shard is not None:
-        try:
-            index, count = parse_shard(shard)
-        except ShardError as e:
-            die(str(e))
-        cases = shard_cases(cases, index, count)
-        shard_meta = {"index": index, "count": count, "cases": [c.id for c in cases]}
-        if not cases:
-            die(f"--shard {index}/{count}: no case falls to this shard ({len(sel.cases)} cases in all)")
+    cases, shard_meta = _shard(shard, cases) if shard is not None else (cases, None)
     if baseline is not None and baseline not in names:
         die(f"--baseline {baseline!r} is not among the backends run ({', '.join(names)})")
     wanted = {"prefill": baseline, "decode": baseline} if baseline is not None else suite.baselines()
@@ -122,6 +120,8 @@ def run(
     dev = torch.device(device.value if device else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         die("--device cuda: no CUDA device is visible to torch")
+    devices = _devices(gpus, dev, isolate) if gpus is not None else None
+    dev = devices[0] if devices is not None else dev
     timer_name = timer.value if timer else suite.timing.timer
     if timer_name == "auto":
         timer_name = default_timer(dev)
@@ -157,7 +157,7 @@ def run(
     meta.update(seed=seed, backends=names, baseline=base, timing=config.__dict__,
                 reference=suite.reference.model_dump(), tolerances=suite.tolerances.model_dump(),
                 ceilings=ceilings, interleave=interleave, copy_reference=copy_reference, shard=shard_meta,
-                status="running")
+                gpus=[str(d) for d in devices] if devices is not None else None, status="running")
     if earlier is not None:
         # each earlier session's own provenance, and which cases' rows it measured
         meta.update(earlier_sessions=[*earlier.pop("earlier_sessions", []), earlier],
@@ -173,30 +173,17 @@ def run(
     progress = Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err_console, transient=True)
     task = progress.add_task("starting", total=len(todo) * len(chosen))
-    worker = CaseWorker(run_dir.path / WORKER_LOG, {b.name: n for n, b in zip(names, chosen)}) if isolate else None
+    specs = {b.name: n for n, b in zip(names, chosen)}
+    loop = _Loop(run_dir, progress, task, chosen, suite, opts)
+    worker = CaseWorker(run_dir.path / WORKER_LOG, specs) if isolate and devices is None else None
     try:
         with sigterm_as_interrupt(), progress:
-            for case in todo:
-                def step(desc: str) -> None:
-                    progress.update(task, description=desc[:90])
-
-                execute = worker.run_case if worker is not None else run_in_process
-                rows, samples, lost = execute(case, chosen, suite, opts, on_step=step)
-                run_dir.add_case(rows, samples)
-                progress.advance(task, len(chosen))
-                if lost and worker is not None:  # the next case gets a fresh worker, with a context of its own
-                    err_console.print(f"the GPU context was lost during case {case.id} ({lost}); a new worker "
-                                      "goes on", style="red", markup=False, highlight=False)
-                elif lost:
-                    culprit = next((f"{r.backend}: {r.error}" for r in rows if r.status == Status.ERROR), lost)
-                    reason = f"the GPU context was lost during case {case.id} ({culprit}); rerun without that backend"
-                    err_console.print(reason, style="bold red", markup=False, highlight=False)
-                    for rest in todo[todo.index(case) + 1:]:
-                        run_dir.add_case(runner.not_run_rows(rest, chosen, suite, dev, reason), [])
-                    meta.update(status="device lost", device_lost=reason)
-                    break
-            else:
+            if devices is not None:
+                progress.update(task, description=f"{len(todo)} cases on {len(devices)} workers")
+                WorkerPool(devices, run_dir.path, specs).run(todo, chosen, suite, opts, loop.done_on)
                 meta["status"] = "complete"
+            else:
+                meta.update(loop.in_turn(todo, worker))
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
     finally:
@@ -250,4 +237,87 @@ def _remember(run_path: Path) -> None:
         record(connect(db), run_path)
     except (sqlite3.Error, OSError, RunFilesError) as e:
         err_console.print(f"warning: the run was not added to the history {db}: {e}", style="yellow",
+                          markup=False, highlight=False)
+
+
+def _shard(spec: str, cases: list[Case]) -> tuple[list[Case], dict]:
+    """--shard I/N: the shard's cases, and what run.json records of it."""
+    try:
+        index, count = parse_shard(spec)
+    except ShardError as e:
+        die(str(e))
+    mine = shard_cases(cases, index, count)
+    if not mine:
+        die(f"--shard {index}/{count}: no case falls to this shard ({len(cases)} cases in all)")
+    return mine, {"index": index, "count": count, "cases": [c.id for c in mine]}
+
+
+def _devices(spec: str, dev: torch.device, isolate: bool) -> list[torch.device]:
+    """--gpus: 'all' or comma-separated indices; on a CPU, as many CPU workers as indices given."""
+    if not isolate:
+        die("--gpus runs a worker per GPU: it cannot go with --no-isolate")
+    if dev.type == "cpu":
+        count = len([x for x in spec.split(",") if x.strip()])
+        if spec.strip() == "all" or count < 1:
+            die("--gpus on a CPU: give indices (0,1 starts two CPU workers)")
+        return [dev] * count
+    available = torch.cuda.device_count()
+    if spec.strip() == "all":
+        return [torch.device("cuda", i) for i in range(available)]
+    try:
+        indices = [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        die(f"--gpus {spec!r}: expected 'all' or GPU indices such as 0,1")
+    bad = [i for i in indices if not 0 <= i < available] + [i for i in set(indices) if indices.count(i) > 1]
+    if bad or not indices:
+        die(f"--gpus {spec!r}: this machine has GPUs 0..{available - 1}, each given once")
+    return [torch.device("cuda", i) for i in indices]
+
+
+@dataclass
+class _Loop:
+    """The run's cases through a worker (or in this process) one at a time, or through a pool of workers."""
+
+    run_dir: RunDir
+    progress: Progress
+    task: TaskID
+    backends: list[Backend]
+    suite: Suite
+    opts: RunOptions
+
+    def in_turn(self, todo: list[Case], worker: CaseWorker | None) -> dict[str, str]:
+        """Run ``todo`` in order; the run.json fields that say how it ended."""
+        execute = worker.run_case if worker is not None else run_in_process
+        for case in todo:
+            rows, samples, lost = execute(case, self.backends, self.suite, self.opts, on_step=self._step)
+            self._add(rows, samples)
+            if lost and worker is not None:  # the next case gets a fresh worker, with a context of its own
+                self._lost(case, lost, "a new worker goes on")
+            elif lost:
+                culprit = next((f"{r.backend}: {r.error}" for r in rows if r.status == Status.ERROR), lost)
+                reason = f"the GPU context was lost during case {case.id} ({culprit}); rerun without that backend"
+                err_console.print(reason, style="bold red", markup=False, highlight=False)
+                for rest in todo[todo.index(case) + 1:]:
+                    self.run_dir.add_case(runner.not_run_rows(rest, self.backends, self.suite, self.opts.device,
+                                                              reason), [])
+                return {"status": "device lost", "device_lost": reason}
+        return {"status": "complete"}
+
+    def done_on(self, case: Case, rows: list[Row], samples: list[dict], lost: str | None, where: str) -> None:
+        """A case finished by a pool's worker: its rows say which worker and device ran them."""
+        for row in rows:
+            row.note = "; ".join(filter(None, [row.note, f"ran by {where}"]))
+        self._add(rows, samples)
+        if lost:
+            self._lost(case, lost, f"{where} goes on with a new process")
+
+    def _step(self, desc: str) -> None:
+        self.progress.update(self.task, description=desc[:90])
+
+    def _add(self, rows: list[Row], samples: list[dict]) -> None:
+        self.run_dir.add_case(rows, samples)
+        self.progress.advance(self.task, len(self.backends))
+
+    def _lost(self, case: Case, lost: str, then: str) -> None:
+        err_console.print(f"the GPU context was lost during case {case.id} ({lost}); {then}", style="red",
                           markup=False, highlight=False)
