@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from gdnbench.compare import timing_verdict
-from gdnbench.results import Status, load_run, load_samples
+from gdnbench.results import SCHEMA_VERSION, RunFilesError, Status, load_run, load_samples
 
 DEFAULT_DB = Path("results/history.sqlite")
 ENV_DB = "GDNBENCH_HISTORY"  # where the history lives, when not the default
@@ -68,6 +68,9 @@ def record(conn: sqlite3.Connection, run_dir: Path) -> bool:
     df, meta = load_run(run_dir)
     if not meta:
         return False
+    if meta.get("schema") != SCHEMA_VERSION:
+        raise RunFilesError(f"{run_dir}/run.json: schema {meta.get('schema')!r}, this gdnbench reads schema "
+                            f"{SCHEMA_VERSION}")
     identity = json.dumps([meta.get("created_utc"), meta.get("host"), meta.get("command"),
                            (meta.get("suite") or {}).get("sha256")])
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]

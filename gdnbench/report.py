@@ -78,6 +78,8 @@ def _cell(r: pd.Series, unit: str) -> Text:
             t.append(" ~", style="yellow")  # not converged: the spread did not settle within the cap
         if str(r.get("interpreted")) == "True":
             t.append(" interp", style="dim")  # Triton interpreter on a CPU: the time means nothing
+        if isinstance(r.get("throttle"), str) and r["throttle"]:
+            t.append(" thr", style="bold red")  # the GPU throttled (power, thermal) while this was timed
         return t
     if status == Status.FAIL and med is not None:
         return Text(f"FAIL {fmt_us(med, unit)}", style=STATUS_STYLE[Status.FAIL])
@@ -94,8 +96,9 @@ def table_grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[s
     suite = df["suite"].iloc[0] if len(df) else "?"
     title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
     unit = table_unit([*df.get("median_us", []), *df.get("p95_us", [])])
-    caption = f"median / p95 in {unit}" + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)"
-                                      if baselines else "") + "; ~ = did not converge; interp = Triton interpreter"
+    caption = (f"median / p95 in {unit}"
+               + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)" if baselines else "")
+               + "; ~ = did not converge; interp = Triton interpreter; thr = timed while the GPU throttled")
     headers = [b + (" (base)" if b in baselines else "") for b in backends]
     rows = []
     for case_id, group in df.groupby("case_id", sort=False):

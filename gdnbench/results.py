@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pandas as pd
+from typing_extensions import TypedDict  # pydantic needs it for a JSON Schema on Python < 3.12
 
 from gdnbench.suite import Case
 
@@ -268,6 +269,51 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     meta_path = csv_path.parent / "run.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     return df, meta
+
+
+class RunMeta(TypedDict, total=False):
+    """run.json: where, how and from what a run was measured (docs/results-schema.md says what each holds)."""
+
+    schema: int
+    created_utc: str
+    finished_utc: str
+    status: str  # running, complete, interrupted, device lost (incomplete: a merge of shards not all complete)
+    command: str
+    suite: dict[str, Any]  # name, path, sha256, cases, filter
+    host: str
+    platform: str
+    python: str
+    versions: dict[str, str]
+    git: dict[str, Any]  # sha, dirty, source
+    device: dict[str, Any]
+    seed: int
+    backends: list[str]
+    baseline: dict[str, str]
+    timing: dict[str, Any]
+    reference: dict[str, Any]
+    tolerances: dict[str, float]
+    ceilings: dict[str, float]
+    interleave: bool
+    copy_reference: bool
+    shard: dict[str, Any] | None  # index, count, cases
+    gpus: list[str] | None
+    earlier_sessions: list[dict[str, Any]]
+    cases_from_earlier_sessions: list[str]
+    device_lost: str
+    merged_from: list[dict[str, Any]]
+
+
+def json_schemas() -> dict[str, Any]:
+    """JSON Schemas of a results.csv row (with the case's fields) and of run.json, from their types."""
+    from pydantic import TypeAdapter
+
+    from gdnbench.suite import Case
+
+    row = TypeAdapter(Row).json_schema()
+    row["properties"].pop("case", None)
+    case = TypeAdapter(Case).json_schema()["properties"]
+    row["properties"].update({name: case[name] for name in CASE_COLUMNS})  # D is a suite shorthand, no column
+    return {"schema_version": SCHEMA_VERSION, "results.csv row": row, "run.json": TypeAdapter(RunMeta).json_schema()}
 
 
 def run_field(meta: dict[str, Any], dotted: str) -> Any:

@@ -29,7 +29,7 @@ def write_run(path, sha, day, median):
 @pytest.fixture
 def runs(tmp_path):
     base = np.random.default_rng().uniform(20, 2000)
-    for i, (sha, factor) in enumerate([("a", 1.0), ("b", 1.0), ("c", 1.3), ("d", 1.3)]):
+    for i, (sha, factor) in enumerate([("a", 1.0), ("b", 1.0), ("c", 1.2), ("d", 1.2)]):  # a planted 20% step
         write_run(tmp_path / "runs" / sha, sha, i + 1, base * factor)
     return tmp_path / "runs"
 
@@ -73,3 +73,25 @@ def test_every_run_is_appended_unless_told_not_to(tmp_path, monkeypatch):
 def test_sparkline_scales_between_min_and_max():
     assert history.sparkline([1.0, None, 2.0, 1.5]) == "▁·█▅"
     assert history.sparkline([]) == ""
+
+
+def test_a_run_of_another_schema_is_refused(runs, tmp_path):
+    import json
+
+    meta_path = runs / "b" / "run.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "schema": 99}))
+    res = runner.invoke(app, ["history", "--db", str(tmp_path / "h.sqlite"), "--import", str(runs)])
+    assert res.exit_code == 2 and "schema 99, this gdnbench reads schema 1" in " ".join(res.output.split())
+
+
+def test_schema_command_prints_every_column_and_the_version():
+    import json
+
+    from gdnbench.results import COLUMNS, SCHEMA_VERSION
+
+    res = runner.invoke(app, ["schema"])
+    assert res.exit_code == 0
+    doc = json.loads(res.output)
+    assert doc["schema_version"] == SCHEMA_VERSION
+    assert set(doc["results.csv row"]["properties"]) == set(COLUMNS)
+    assert {"schema", "device", "timing", "shard", "gpus"} <= set(doc["run.json"]["properties"])

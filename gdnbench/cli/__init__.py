@@ -12,6 +12,7 @@ from gdnbench.cli import merge as merge_cmd
 from gdnbench.cli import plot as plot_cmd
 from gdnbench.cli import profile as profile_cmd
 from gdnbench.cli import run as run_cmd
+from gdnbench.cli import schema as schema_cmd
 from gdnbench.cli import show as show_cmd
 
 app = typer.Typer(
@@ -31,6 +32,7 @@ app.command("report")(html_cmd.report)
 app.command("profile")(profile_cmd.profile)
 app.command("history")(history_cmd.history)
 app.command("merge")(merge_cmd.merge)
+app.command("schema")(schema_cmd.schema)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ def history(
     conn = hist.connect(path)
     if import_:
         added = skipped = 0
+        refused = []
         for run_dir in hist.run_dirs(import_):
             try:
                 if hist.record(conn, run_dir):
@@ -44,8 +45,10 @@ def history(
                 else:
                     skipped += 1
             except RunFilesError as e:
-                err_console.print(f"skipped {run_dir}: {e}", markup=False, highlight=False)
+                refused.append(str(e))
         err_console.print(f"imported {added} run(s) into {path}; {skipped} already there", highlight=False)
+        if refused:
+            die(f"refused {len(refused)} run(s): " + "; ".join(refused))
         if not any((suite, case, backend, gpu, plot)):
             return
     found = hist.series(conn, suite=suite, case=case, backend=backend, gpu=gpu, alpha=alpha, threshold=threshold)
