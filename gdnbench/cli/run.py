@@ -20,6 +20,7 @@ from gdnbench.cli.common import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, console, d
 from gdnbench.history import connect, record
 from gdnbench.history import default_db as default_history
 from gdnbench.interrupts import sigterm_as_interrupt
+from gdnbench.ray_cluster import RayUnavailable, run_on_ray
 from gdnbench.report import render
 from gdnbench.results import FAILED, UNFINISHED, Row, RunDir, RunDirError, RunFilesError, Status, load_run, run_field
 from gdnbench.runner import RunOptions
@@ -92,6 +93,10 @@ def run(
         None, "--gpus", help="Run on several GPUs at once: a worker per GPU, each taking the next case (largest "
                              "first), e.g. 0,1 or all. Rows say which GPU ran them. On a CPU, N numbers start N "
                              "CPU workers."),
+    ray: Optional[str] = typer.Option(
+        None, "--ray", help="Run the cases as Ray tasks, one GPU each, on the cluster at ADDRESS (auto, "
+                            "ray://host:10001) or on a Ray started here for the run (local); needs `pip install "
+                            "gdnbench[ray]` on every node."),
     shard: Optional[str] = typer.Option(
         None, "--shard", help="Run shard I of N (e.g. 2/4): whole cases, dealt by estimated cost so the shards "
                               "take about equal time; `gdnbench merge` joins the shards' runs."),
@@ -120,6 +125,8 @@ def run(
     dev = torch.device(device.value if device else ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda" and not torch.cuda.is_available():
         die("--device cuda: no CUDA device is visible to torch")
+    if ray is not None and gpus is not None:
+        die("--ray and --gpus: give one of them (Ray places the cases on its GPUs itself)")
     devices = _devices(gpus, dev, isolate) if gpus is not None else None
     dev = devices[0] if devices is not None else dev
     timer_name = timer.value if timer else suite.timing.timer
@@ -175,10 +182,14 @@ def run(
     task = progress.add_task("starting", total=len(todo) * len(chosen))
     specs = {b.name: n for n, b in zip(names, chosen)}
     loop = _Loop(run_dir, progress, task, chosen, suite, opts)
-    worker = CaseWorker(run_dir.path / WORKER_LOG, specs) if isolate and devices is None else None
+    worker = CaseWorker(run_dir.path / WORKER_LOG, specs) if isolate and devices is None and ray is None else None
     try:
         with sigterm_as_interrupt(), progress:
-            if devices is not None:
+            if ray is not None:
+                progress.update(task, description=f"{len(todo)} cases as Ray tasks")
+                run_on_ray(ray, todo, specs, suite, opts, loop.done_on)
+                meta["status"] = "complete"
+            elif devices is not None:
                 progress.update(task, description=f"{len(todo)} cases on {len(devices)} workers")
                 WorkerPool(devices, run_dir.path, specs).run(todo, chosen, suite, opts, loop.done_on)
                 meta["status"] = "complete"
@@ -186,6 +197,10 @@ def run(
                 meta.update(loop.in_turn(todo, worker))
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
+    except RayUnavailable as e:
+        meta["status"] = "interrupted"
+        run_dir.write_meta(meta)
+        die(str(e))
     finally:
         if worker is not None:
             worker.close()
