@@ -339,7 +339,7 @@ def test_sm90_walk_under_graph_replay(gluon_walk, dtype, seqs, H, HV, h0, final)
                                      compute_dtype=torch.float64)
     (o, f), (o_tri, f_tri) = results[gluon_walk], results["triton"]
     # the Triton walk takes the prep kernel's Ai, which the specialized kernel computes in its own form, rounded
-    # elsewhere: 3.4e-3 apart where h0 dominates the states (each 3.7e-3 from fp64; H100, fortieth session)
+    # elsewhere: 3.4e-3 apart where h0 dominates the states (each 3.7e-3 from fp64; H100)
     near = 5e-3 if gluon_walk == "sm90_specialized" else 1e-3
     pairs = [(o, o_ref, 1e-2), (o, o_tri, near)] + ([(f, final_ref, 1e-2), (f, f_tri, near)] if final else [])
     for got, ref, tol in pairs:
