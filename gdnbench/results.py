@@ -200,8 +200,10 @@ class RunDir:
         that a case is run again whole and its rows and speedups always come from one session.
         Returns the run and the ids of the cases kept. A case that was never started (after a lost GPU
         context) has rows but is not kept, nor is a case with a row whose status is in ``retry``."""
-        with open(path / "results.csv", newline="") as f:
-            rows = [r for r in csv.DictReader(f) if not (r.get("error") or "").startswith(NOT_RUN)]
+        rows = []
+        if (path / "results.csv").exists():  # absent when the run was stopped before its first case ended
+            with open(path / "results.csv", newline="") as f:
+                rows = [r for r in csv.DictReader(f) if not (r.get("error") or "").startswith(NOT_RUN)]
         have: dict[str, set[str]] = {}
         for r in rows:
             have.setdefault(r["case_id"], set()).add(r["backend"])

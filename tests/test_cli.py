@@ -215,7 +215,7 @@ def test_resume_needs_an_earlier_run(tmp_path):
     res = run(suite, "--resume")
     assert res.exit_code == 2 and "--resume needs --out DIR" in res.output
     res = run(suite, "--resume", "--out", tmp_path / "nothing")
-    assert res.exit_code == 2 and "no results.csv there" in " ".join(res.output.split())
+    assert res.exit_code == 2 and "has no run.json" in " ".join(res.output.split())
 
 
 def test_filter_backends_baseline_and_dump(tmp_path):

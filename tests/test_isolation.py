@@ -100,3 +100,37 @@ def test_a_worker_per_device_runs_every_case_and_survives_a_crash(tmp_path):
     bad = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--gpus", "0,1", "--no-isolate",
                                    "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "--no-isolate" in bad.output
+
+
+def test_sigterm_stops_the_worker_and_resume_finishes_the_run(tmp_path):
+    """The default path (a worker process): SIGTERM mid-run exits 130 with the finished cases saved and the
+    worker gone; --resume runs the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    suite = tmp_path / "slow.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "slow", "backends": ["torch.recurrent", "tests.fake_backends:slow"],
+        "timing": {"warmup": 1, "min_samples": 2, "max_samples": 3, "min_time_s": 0.0, "max_time_s": 0.3,
+                   "timeout_s": 20},
+        "cases": [{"B": 1, "T": t, "H": 1, "HV": 1, "D": 8, "dtype": "fp32"} for t in (5, 6)]}))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "gdnbench", "run", str(suite), "--device", "cpu", "--out", str(out),
+           "--no-history"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "worker.log").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # the worker is in fake.slow's 30 s call of the first case
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130, proc.stdout.read().decode()
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    left = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    assert "spawn_main" not in left, f"the worker outlived the run: {left}"
+    res = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--out", str(out), "--resume",
+                                   "--no-history"])
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 4 and set(df[df.backend == "fake.slow"].status) == {"TIMEOUT"}, res.output

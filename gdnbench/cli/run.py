@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sqlite3
 import sys
 from dataclasses import dataclass
@@ -230,9 +231,9 @@ def _earlier_run(out: Path | None, expect: dict[str, object]) -> dict:
     if out is None:
         die("--resume needs --out DIR: the run to go on with")
     try:
-        _, meta = load_run(out)
-    except RunFilesError as e:
-        die(f"--resume: {e}")
+        meta = json.loads((out / "run.json").read_text()) if (out / "run.json").is_file() else {}
+    except (OSError, ValueError) as e:
+        die(f"--resume: {out}/run.json: {e}")
     if not meta:
         die(f"--resume: {out} has no run.json")
     if meta.get("status") == "complete":
