@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, NoReturn, Optional
 
 import torch
 import typer
@@ -47,63 +47,70 @@ class L2Opt(str, Enum):
     warm = "warm"
 
 
+# the options of `gdnbench run`, each with its help
+SuiteArg = Annotated[str, typer.Argument(
+    metavar="SUITE", help="A suite YAML file, or a shipped suite's name (see `gdnbench list`).")]
+BackendsOpt = Annotated[Optional[str], typer.Option(
+    "--backends", "-b", help="Comma-separated backends to run instead of the suite's.")]
+BaselineOpt = Annotated[Optional[str], typer.Option(
+    help="Backend the speedups are relative to (default: the suite's, per op).")]
+DeviceArg = Annotated[Optional[DeviceOpt], typer.Option(help="Default: cuda when a GPU is visible, else cpu.")]
+TimerArg = Annotated[Optional[TimerOpt], typer.Option(
+    help="graph: CUDA-graph replay, device time (GPU default). events: eager calls between CUDA events, launch "
+         "overhead included. wall: CPU clock (the only one on CPU).")]
+L2Arg = Annotated[Optional[L2Opt], typer.Option(help="cold: flush L2 before every sample (default); warm: don't.")]
+FilterOpt = Annotated[Optional[str], typer.Option("--filter", "-k", help="Only cases whose id contains TEXT.")]
+SeedOpt = Annotated[Optional[int], typer.Option(help="Input seed (default: the suite's).")]
+OutOpt = Annotated[Optional[Path], typer.Option(help="Output directory (default: results/<suite>-<time>).")]
+DumpOpt = Annotated[Optional[Path], typer.Option(
+    help="Save each case's inputs and every backend's outputs (torch.save, one file per case) into DIR.")]
+StrictOpt = Annotated[bool, typer.Option(help="Exit 1 on ERROR/OOM/TIMEOUT/CRASH rows too, not only on FAIL/NAN.")]
+InterleaveOpt = Annotated[Optional[bool], typer.Option(
+    "--interleave/--no-interleave",
+    help="Time each case's backends in alternation (A B A B ...) so clock and thermal drift cancel in their "
+         "ratio. Default: on when exactly two backends run with a baseline (an A/B run).")]
+CopyReferenceOpt = Annotated[bool, typer.Option(
+    "--copy-reference",
+    help="Also time, beside every backend and in alternation with it, a device copy moving the case's bytes "
+         "(the roofline model's): columns copy_us and pct_copy (copy time / backend time). pct_bw compares with "
+         "a 1 GiB copy's rate, which no kernel reaches on a small problem: the timer's launch and the ramp weigh "
+         "more there. Needs room for the copy's buffers.")]
+ResumeOpt = Annotated[bool, typer.Option(
+    help="Go on with the unfinished run in --out: the same command again runs only the cases it has no "
+         "complete set of rows for (a case is never split between sessions); run.json lists the earlier "
+         "sessions.")]
+IsolateOpt = Annotated[bool, typer.Option(
+    "--isolate/--no-isolate",
+    help="Run the cases in a worker process (default), so that a backend that crashes, exits or hangs in native "
+         "code becomes a CRASH or TIMEOUT row and the run goes on; its stderr goes to worker.log. --no-isolate "
+         "runs them in this process (a debugger sees them; a crash ends the run).")]
+RetryFailedOpt = Annotated[bool, typer.Option(
+    "--retry-failed", help="With --resume: run again the cases that have a CRASH, TIMEOUT, ERROR or OOM row "
+                           "(otherwise kept as they are).")]
+HistoryOpt = Annotated[bool, typer.Option(
+    "--history/--no-history", help="Append the run to the results history ($GDNBENCH_HISTORY, else "
+                                   "results/history.sqlite; see `gdnbench history`).")]
+GpusOpt = Annotated[Optional[str], typer.Option(
+    "--gpus", help="Run on several GPUs at once: a worker per GPU, each taking the next case (largest first), "
+                   "e.g. 0,1 or all. Rows say which GPU ran them. On a CPU, N numbers start N CPU workers.")]
+RayOpt = Annotated[Optional[str], typer.Option(
+    "--ray", help="Run the cases as Ray tasks, one GPU each, on the cluster at ADDRESS (auto, ray://host:10001) "
+                  "or on a Ray started here for the run (local); needs `pip install gdnbench[ray]` on every node.")]
+ShardOpt = Annotated[Optional[str], typer.Option(
+    "--shard", help="Run shard I of N (e.g. 2/4): whole cases, dealt by estimated cost so the shards take about "
+                    "equal time; `gdnbench merge` joins the shards' runs.")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot and report "
+                    "made from them. Without it, an --out that holds a run exits 2.")]
+
+
 def run(
-    suite_spec: str = typer.Argument(..., metavar="SUITE",
-                                     help="A suite YAML file, or a shipped suite's name (see `gdnbench list`)."),
-    backends: Optional[str] = typer.Option(None, "--backends", "-b",
-                                           help="Comma-separated backends to run instead of the suite's."),
-    baseline: Optional[str] = typer.Option(
-        None, help="Backend the speedups are relative to (default: the suite's, per op)."),
-    device: Optional[DeviceOpt] = typer.Option(None, help="Default: cuda when a GPU is visible, else cpu."),
-    timer: Optional[TimerOpt] = typer.Option(
-        None, help="graph: CUDA-graph replay, device time (GPU default). events: eager calls between CUDA "
-                   "events, launch overhead included. wall: CPU clock (the only one on CPU)."),
-    l2: Optional[L2Opt] = typer.Option(None, help="cold: flush L2 before every sample (default); warm: don't."),
-    filter_: Optional[str] = typer.Option(None, "--filter", "-k", help="Only cases whose id contains TEXT."),
-    seed: Optional[int] = typer.Option(None, help="Input seed (default: the suite's)."),
-    out: Optional[Path] = typer.Option(None, help="Output directory (default: results/<suite>-<time>)."),
-    dump: Optional[Path] = typer.Option(None, help="Save each case's inputs and every backend's outputs "
-                                                   "(torch.save, one file per case) into DIR."),
-    strict: bool = typer.Option(False, help="Exit 1 on ERROR/OOM/TIMEOUT rows too, not only on FAIL/NAN."),
-    interleave: Optional[bool] = typer.Option(
-        None, "--interleave/--no-interleave",
-        help="Time each case's backends in alternation (A B A B ...) so clock and thermal drift cancel "
-             "in their ratio. Default: on when exactly two backends run with a baseline (an A/B run)."),
-    copy_reference: bool = typer.Option(
-        False, "--copy-reference",
-        help="Also time, beside every backend and in alternation with it, a device copy moving the case's "
-             "bytes (the roofline model's): columns copy_us and pct_copy (copy time / backend time). pct_bw "
-             "compares with a 1 GiB copy's rate, which no kernel reaches on a small problem: the timer's "
-             "launch and the ramp weigh more there. Needs room for the copy's buffers."),
-    resume: bool = typer.Option(
-        False, help="Go on with the unfinished run in --out: the same command again runs only the cases "
-                    "it has no complete set of rows for (a case is never split between sessions); "
-                    "run.json lists the earlier sessions."),
-    isolate: bool = typer.Option(
-        True, "--isolate/--no-isolate",
-        help="Run the cases in a worker process (default), so that a backend that crashes, exits or hangs in "
-             "native code becomes a CRASH or TIMEOUT row and the run goes on; its stderr goes to worker.log. "
-             "--no-isolate runs them in this process (a debugger sees them; a crash ends the run)."),
-    retry_failed: bool = typer.Option(
-        False, "--retry-failed", help="With --resume: run again the cases that have a CRASH, TIMEOUT, ERROR "
-                                      "or OOM row (otherwise kept as they are)."),
-    history: bool = typer.Option(
-        True, "--history/--no-history", help="Append the run to the results history ($GDNBENCH_HISTORY, else "
-                                             "results/history.sqlite; see `gdnbench history`)."),
-    gpus: Optional[str] = typer.Option(
-        None, "--gpus", help="Run on several GPUs at once: a worker per GPU, each taking the next case (largest "
-                             "first), e.g. 0,1 or all. Rows say which GPU ran them. On a CPU, N numbers start N "
-                             "CPU workers."),
-    ray: Optional[str] = typer.Option(
-        None, "--ray", help="Run the cases as Ray tasks, one GPU each, on the cluster at ADDRESS (auto, "
-                            "ray://host:10001) or on a Ray started here for the run (local); needs `pip install "
-                            "gdnbench[ray]` on every node."),
-    shard: Optional[str] = typer.Option(
-        None, "--shard", help="Run shard I of N (e.g. 2/4): whole cases, dealt by estimated cost so the shards "
-                              "take about equal time; `gdnbench merge` joins the shards' runs."),
-    force: bool = typer.Option(
-        False, "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot "
-                               "and report made from them. Without it, an --out that holds a run exits 2."),
+    suite_spec: SuiteArg, backends: BackendsOpt = None, baseline: BaselineOpt = None, device: DeviceArg = None,
+    timer: TimerArg = None, l2: L2Arg = None, filter_: FilterOpt = None, seed: SeedOpt = None,
+    out: OutOpt = None, dump: DumpOpt = None, strict: StrictOpt = False, interleave: InterleaveOpt = None,
+    copy_reference: CopyReferenceOpt = False, resume: ResumeOpt = False, isolate: IsolateOpt = True,
+    retry_failed: RetryFailedOpt = False, history: HistoryOpt = True, gpus: GpusOpt = None, ray: RayOpt = None,
+    shard: ShardOpt = None, force: ForceOpt = False,
 ) -> None:
     """Run SUITE: every case on every backend, checked against the reference, then timed.
 
@@ -130,16 +137,7 @@ def run(
         die("--ray and --gpus: give one of them (Ray places the cases on its GPUs itself)")
     devices = _devices(gpus, dev, isolate) if gpus is not None else None
     dev = devices[0] if devices is not None else dev
-    timer_name = timer.value if timer else suite.timing.timer
-    if timer_name == "auto":
-        timer_name = default_timer(dev)
-    if dev.type == "cpu" and timer_name != "wall":
-        die(f"timer {timer_name!r} needs a CUDA device; on cpu only 'wall' exists")
-    t = suite.timing
-    l2_mode = "warm" if dev.type == "cpu" else (l2.value if l2 else t.l2)  # no L2 flush on a CPU
-    config = TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup,
-                          min_samples=t.min_samples, max_samples=t.max_samples, min_time_s=t.min_time_s,
-                          max_time_s=t.max_time_s, rel_ci=t.rel_ci)
+    config = _timing_config(suite, dev, timer, l2)
 
     seed = seed if seed is not None else suite.seed
     if interleave is None:
@@ -209,6 +207,24 @@ def run(
         run_dir.write_meta(meta)
         run_dir.close()
 
+    _report(run_dir, meta, dump=dump, strict=strict, history=history)
+
+def _timing_config(suite: Suite, dev: torch.device, timer: TimerOpt | None, l2: L2Opt | None) -> TimingConfig:
+    """The suite's timing settings with --timer and --l2 applied, for ``dev``; exit 2 on a CPU with a GPU timer."""
+    timer_name = timer.value if timer else suite.timing.timer
+    if timer_name == "auto":
+        timer_name = default_timer(dev)
+    if dev.type == "cpu" and timer_name != "wall":
+        die(f"timer {timer_name!r} needs a CUDA device; on cpu only 'wall' exists")
+    t = suite.timing
+    l2_mode = "warm" if dev.type == "cpu" else (l2.value if l2 else t.l2)  # no L2 flush on a CPU
+    return TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup, min_samples=t.min_samples,
+                        max_samples=t.max_samples, min_time_s=t.min_time_s, max_time_s=t.max_time_s,
+                        rel_ci=t.rel_ci)
+
+
+def _report(run_dir: RunDir, meta: dict, *, dump: Path | None, strict: bool, history: bool) -> NoReturn:
+    """Add the run to the history, print its tables and exit with the run's code."""
     if history and run_dir.rows:
         _remember(run_dir.path)
     if not run_dir.rows:
