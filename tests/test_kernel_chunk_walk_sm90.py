@@ -133,7 +133,7 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
 def test_specialized_backend_says_why_it_skips(monkeypatch):
     """triton.chunk_specialized's check asks the kernel's own ``unsupported`` about each case (head dims, dtype,
     gating, where q and k are normalised) and returns its reason, which the harness puts on the skipped row."""
-    from gdnbench.backends.triton_chunk import _check_specialized
+    from gdnbench.backends.triton_chunk import specialized_unsupported
     from gdnbench.suite import Case
     from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
 
@@ -141,7 +141,7 @@ def test_specialized_backend_says_why_it_skips(monkeypatch):
     monkeypatch.setattr(chunk_specialized_sm90, "unsupported",
                         lambda q, V, raw, l2: seen.append((q.shape[-1], q.dtype, q.device.type, V, raw, l2)) or "why")
     case = Case(op="prefill", B=1, T=64, H=2, HV=4, D=64, dtype="fp16", gating="raw", qk_l2norm="kernel")
-    assert _check_specialized(case, torch.device("meta")) == "why"
+    assert specialized_unsupported(case, torch.device("meta")) == "why"
     assert seen == [(64, torch.float16, "meta", 64, True, True)]
 
 

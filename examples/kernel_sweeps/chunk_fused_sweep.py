@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from gdnbench.backends.base import Prepared
-from gdnbench.backends.triton_chunk import _prepare
+from gdnbench.backends.triton_chunk import prepare_chunk
 from gdnbench.problem import Problem, make_problem
 from gdnbench.runner import select_cases
 from gdnbench.suite import load_suite
@@ -71,7 +71,7 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
         for cfg in forced:  # each its own workspace, so that one config's stale results cannot pass for another's
             with swapped(kernel, configs=cfg, cache={}):
                 # the Triton prep kernel, also where the Gluon one would run by default
-                prepared = _prepare(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
+                prepared = prepare_chunk(p, fused=True, fuse_output=fuse_output, walk=walk, segment_chunks=segments,
                                     prep="triton")
 
             def call(cfg=cfg, prepared=prepared) -> None:
@@ -110,35 +110,35 @@ def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names
 def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
     _sweep_variants(suite, pattern, device, ["triton.chunk", "fused+output pass", "fused+output pass per 2 chunks",
                                              "fused, output in state pass"],
-                    lambda p: [_prepare(p, fused=False),
-                               _prepare(p, fused=True, fuse_output=False, output_span=1, pipeline_chunks=0),
-                               _prepare(p, fused=True, fuse_output=False, output_span=2, pipeline_chunks=0),
-                               _prepare(p, fused=True, fuse_output=True)])
+                    lambda p: [prepare_chunk(p, fused=False),
+                               prepare_chunk(p, fused=True, fuse_output=False, output_span=1, pipeline_chunks=0),
+                               prepare_chunk(p, fused=True, fuse_output=False, output_span=2, pipeline_chunks=0),
+                               prepare_chunk(p, fused=True, fuse_output=True)])
 
 
 def sweep_segments(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     names = ["fused", "sequential"] + [f"warm-up{c}" for c in sizes]
     _sweep_variants(suite, pattern, device, names,
-                    lambda p: [_prepare(p, fused=True), _prepare(p, fused=True, segment_chunks=0)] +
-                    [_prepare(p, fused=True, segment_chunks=c) for c in sizes])
+                    lambda p: [prepare_chunk(p, fused=True), prepare_chunk(p, fused=True, segment_chunks=0)] +
+                    [prepare_chunk(p, fused=True, segment_chunks=c) for c in sizes])
 
 
 def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     _sweep_variants(suite, pattern, device, ["fused"] + [f"groups of {c}" for c in sizes],
-                    lambda p: [_prepare(p, fused=True, pipeline_chunks=0)] +
-                    [_prepare(p, fused=True, pipeline_chunks=c) for c in sizes])
+                    lambda p: [prepare_chunk(p, fused=True, pipeline_chunks=0)] +
+                    [prepare_chunk(p, fused=True, pipeline_chunks=c) for c in sizes])
 
 
 def sweep_walk(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     _sweep_variants(suite, pattern, device,
                     ["default", "triton", "triton fused", "sm90", "sm90_transposed"] +
                     [f"sm90 groups of {c}" for c in sizes],
-                    lambda p: [_prepare(p, fused=True),
-                               _prepare(p, fused=True, walk="triton"),
-                               _prepare(p, fused=True, walk="triton", fuse_output=True),
-                               _prepare(p, fused=True, walk="sm90", pipeline_chunks=0),
-                               _prepare(p, fused=True, walk="sm90_transposed", pipeline_chunks=0)] +
-                    [_prepare(p, fused=True, walk="sm90", pipeline_chunks=c) for c in sizes])
+                    lambda p: [prepare_chunk(p, fused=True),
+                               prepare_chunk(p, fused=True, walk="triton"),
+                               prepare_chunk(p, fused=True, walk="triton", fuse_output=True),
+                               prepare_chunk(p, fused=True, walk="sm90", pipeline_chunks=0),
+                               prepare_chunk(p, fused=True, walk="sm90_transposed", pipeline_chunks=0)] +
+                    [prepare_chunk(p, fused=True, walk="sm90", pipeline_chunks=c) for c in sizes])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -36,7 +36,7 @@ def _check(case: Case, device: torch.device) -> str | None:
     return None
 
 
-def _prepare(p: Problem, *, fused: bool, **forced: Any) -> Prepared:
+def prepare_chunk(p: Problem, *, fused: bool, **forced: Any) -> Prepared:
     """The call's plan made once here (``chunk.default_plan``: the kernel's default rules, with the fields
     in ``forced`` forced; the backends force none, sweeps one at a time), its workspace and output
     allocated, and the call that executes it."""
@@ -85,17 +85,18 @@ _ENVELOPE: dict[str, Any] = dict(ops={"prefill"}, devices={"cpu", "cuda"}, gatin
 @backend("triton.chunk", requires=(CHUNK_KERNEL,), **_ENVELOPE)
 def triton_chunk(p: Problem) -> Prepared:
     """Bundled Triton chunked prefill, one kernel per stage (C=64, as FLA's pipeline)."""
-    return _prepare(p, fused=False)
+    return prepare_chunk(p, fused=False)
 
 
 @backend("triton.chunk_fused", requires=(CHUNK_KERNEL,), **_ENVELOPE)
 def triton_chunk_fused(p: Problem) -> Prepared:
     """Bundled Triton chunked prefill, gate+K K^T+solve fused, W/U in the state pass (and the output pass for
     many sequences; warm-up segments, the output in their walk, for few or unequal long walks on a GPU)."""
-    return _prepare(p, fused=True)
+    return prepare_chunk(p, fused=True)
 
 
-def _check_specialized(case: Case, device: torch.device) -> str | None:
+def specialized_unsupported(case: Case, device: torch.device) -> str | None:
+    """Why ``triton.chunk_specialized`` cannot run ``case`` on ``device`` (the kernel's envelope), or None."""
     from gdnbench_kernels import chunk
 
     why = _check(case, device)
@@ -106,10 +107,10 @@ def _check_specialized(case: Case, device: torch.device) -> str | None:
 
 
 @backend("triton.chunk_specialized", requires=(CHUNK_KERNEL,), **dict(_ENVELOPE, devices={"cuda"}, gating={"pre"},
-                                                                       check=_check_specialized))
+                                                                       check=specialized_unsupported))
 def triton_chunk_specialized(p: Problem) -> Prepared:
     """triton.chunk_fused with the prep and the walk in one warp-specialized Gluon kernel (an H100/H200, K = V =
     128, gates given, q and k normalised beforehand) on every case, where triton.chunk_fused takes it on 128+ walks
     that keep one program a SM busy only (chunk.plan.walk_default): slower on fewer walks or where one long walk
     sets the pace."""
-    return _prepare(p, fused=True, walk="sm90_specialized")
+    return prepare_chunk(p, fused=True, walk="sm90_specialized")
