@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from gdnbench.compare import timing_verdict
+from gdnbench.report import cell_float
 from gdnbench.results import SCHEMA_VERSION, RunFilesError, Status, load_run, load_samples
 
 DEFAULT_DB = Path("results/history.sqlite")
@@ -85,7 +86,8 @@ def record(conn: sqlite3.Connection, run_dir: Path) -> bool:
         raw = samples.get((r["case_id"], r["backend"], r["timer"], r["l2"]))
         conn.execute("INSERT OR IGNORE INTO rows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (
             key, r["suite"], r["case_id"], r["backend"], _text(r["timer"]), _text(r["l2"]), str(r["status"]),
-            _num(r["n"]), _num(r["median_us"]), _num(r["p95_us"]), _num(r["ci_lo_us"]), _num(r["ci_hi_us"]),
+            cell_float(r["n"]), cell_float(r["median_us"]), cell_float(r["p95_us"]), cell_float(r["ci_lo_us"]),
+            cell_float(r["ci_hi_us"]),
             json.dumps(raw) if raw else None))
     conn.commit()
     return True
@@ -145,14 +147,6 @@ def sparkline(values: list[float | None]) -> str:
     span = (hi - lo) or 1.0
     return "".join("·" if v is None else SPARK[min(len(SPARK) - 1, int((v - lo) / span * len(SPARK)))]
                    for v in values)
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f
 
 
 def _text(v: Any) -> str:

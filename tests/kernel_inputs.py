@@ -1,6 +1,6 @@
-"""Inputs of the bundled kernels' calls for the interpreter tests (and the chunked kernels' cases), by FLA's recipe: q/k ~ U(0, 1)
-(pre-normalised unless the kernel normalises them), v ~ U(0, 1), log-sigmoid decays / gate_norm zeroed
-with probability mask_p, or raw gating whose softplus reaches both of its tails."""
+"""Inputs of the bundled kernels' calls for the interpreter tests, and the chunked kernels' cases, by FLA's
+recipe: q/k ~ U(0, 1) (pre-normalised unless the kernel normalises them), v ~ U(0, 1), log-sigmoid decays /
+gate_norm zeroed with probability mask_p, or raw gating whose softplus reaches both of its tails."""
 
 from __future__ import annotations
 
