@@ -220,6 +220,6 @@ def _state_pool(case: Case, slots: torch.Tensor, gen: torch.Generator, device: t
     states = (torch.randn(len(used), HV, K, V, generator=gen) if case.initial_state == "random"
               else torch.zeros(len(used), HV, K, V))
     filler = torch.Generator(device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
-    pool = torch.randn(case.pool_size, HV, K, V, generator=filler, device=device).to(dtype)
+    pool = torch.randn(case.pool_size, HV, K, V, generator=filler, device=device, dtype=dtype)
     pool[used.to(device)] = states.to(device=device, dtype=dtype)
     return pool
