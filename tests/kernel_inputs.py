@@ -44,16 +44,20 @@ def kernel_inputs(gen: torch.Generator, *, B: int, T: int, H: int, HV: int, K: i
 # ---- the chunked kernels' cases: run in tests/test_kernel_chunk.py, their layouts read by test_kernel_chunk_plan.py
 
 def make(name: str, *, B=1, T=70, H=1, HV=2, K=64, V=64, dtype="fp32", seqs=None, h0=False, final=True,
-         raw=False, l2=False, gate_norm=1.0, mask_p=0.0, fuse_output=False, seed=0) -> dict:
+         raw=False, l2=False, gate_norm=1.0, mask_p=0.0, weak_heads=(), fuse_output=False, segment_chunks=1,
+         seed=0) -> dict:
     """One case's inputs (FLA's recipe: q/k ~ U(0, 1), pre-normalised unless ``l2``; g log-sigmoid /
-    gate_norm, zeroed with probability mask_p). Runs chunk_gdn, and chunk_fused_gdn with ``fuse_output``."""
+    gate_norm, zeroed with probability mask_p; the value heads of weak_heads' decays divided by 100 more). Runs
+    chunk_gdn, and chunk_fused_gdn with ``fuse_output`` and over warm-up segments of ``segment_chunks``."""
     gen = torch.Generator().manual_seed(seed)
     kw, N = kernel_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, dtype=dtype, seqs=seqs, raw=raw, l2=l2,
                           gate_norm=gate_norm, mask_p=mask_p)
+    for h in weak_heads:
+        kw["g"][..., h] /= 100
     kw["output_final_state"] = final
     if h0:
         kw["initial_state"] = torch.randn(N, HV, K, V, generator=gen)
-    return {"name": name, "kw": kw, "fuse_output": fuse_output}
+    return {"name": name, "kw": kw, "fuse_output": fuse_output, "segment_chunks": segment_chunks}
 
 
 KERNEL_CASES = [
@@ -67,8 +71,11 @@ KERNEL_CASES = [
     # decays near 1 (gate_norm 100): a state carries across many chunks, so every warm-up walk reaches back
     # to its sequence's start (and 5 chunks: three pipeline groups of 2, both hand-off buffers used)
     make("weak-decay-varlen-K16-h0", seqs=[130, 0, 64, 270], K=16, V=16, gate_norm=100, h0=True),
-    # decays of about -3 a chunk: warm-up walks of 7 chunks that stop before the sequence's start, whose last
-    # chunks' states enter the segment nearly undecayed (a wrong warm-up shows in the outputs)
-    make("gn10-long-K16-h0", T=600, HV=1, K=16, V=16, gate_norm=10, h0=True),
+    # decays of about -6 a chunk under segments of 4: warm-up walks of 4 chunks that stop before the sequence's
+    # start, whose last chunks' states enter the segment nearly undecayed (a wrong warm-up shows in the outputs)
+    make("gn5-long-K16-h0", T=600, HV=1, K=16, V=16, gate_norm=5, h0=True, segment_chunks=4),
+    # one value head of weak decay beside one of strong: warm-up segments for one, the whole walk for the other,
+    # in one call (warm_up.mark_slow_walks)
+    make("mixed-decay-heads-K16-h0", seqs=[300, 40, 200], K=16, V=16, weak_heads=(1,), h0=True),
 ]
 BY_NAME = {c["name"]: c for c in KERNEL_CASES}

@@ -128,6 +128,7 @@ def test_a_regular_first_round_is_told_apart():
     """WalkOrder.regular: (T, flags) only where every program's first row is the one a kernel would compute, walk p
     over T tokens from T (p // heads): padded sequences, whole or as one segment each, dealt in order."""
     from gdnbench_kernels.chunk import ChunkLayout, SegmentLayout, WalkOrder
+    from gdnbench_kernels.chunk.layout import WALK_STORES_HT, WALK_WHOLE
 
     padded = ChunkLayout.build(5, 130, None, CPU)  # 10 walks of 3 chunks
     assert padded.walk_order(2, 4).regular(2) == (130, 3)
@@ -135,7 +136,9 @@ def test_a_regular_first_round_is_told_apart():
     assert padded.walk_order(2, 12).regular(2) == (0, 0)  # programs 10 and 11 have no walk
     one_each = SegmentLayout.build(padded, 3).walks(2, 4)
     assert one_each.regular(2) == (130, 2)  # a segment that ends its sequence stores ht; the kernel finds h0
-    assert SegmentLayout.build(padded, 2).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
+    # sequences of two segments: their whole walks lead, regular too
+    assert SegmentLayout.build(padded, 2).walks(2, 4).regular(2) == (130, WALK_STORES_HT | WALK_WHOLE)
+    assert SegmentLayout.build(padded, 2).walks(2, 12).regular(2) == (0, 0)  # programs 10, 11: a second segment
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 130, 260, 390]), CPU)  # equal, but longest first: in order
     assert varlen.walk_order(1, 3).regular(1) == (130, 3)
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 100, 260, 390]), CPU)
@@ -168,7 +171,8 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
     """SegmentLayout.walks: each segment and head once, as its sequence's walk (n * heads + h) from the sequence's
     start, where the kernel finds its warm-up start, outputting from the segment's first token, with ht only where it
     ends its sequence and h0 left to the kernel; dealt as its chunks and one of warm-up but on a sequence's first;
-    an empty sequence's walks dealt to no program but listed apart."""
+    an empty sequence's walks dealt to no program but listed apart; the whole walks of each sequence of two segments
+    or more (WALK_WHOLE), one a program, each its program's first and outside the balance."""
     from gdnbench_kernels import chunk
 
     lengths = [200, 0, 64, 300]  # chunks 4, 0, 1, 5
@@ -177,17 +181,22 @@ def test_warm_up_segments_walk_from_their_sequences_start(chunks):
     heads, programs = 2, 3
     order = segments.walks(heads, programs)
     assert segments.walks(heads, programs) is order
-    rows = [tuple(order.walks[i * programs + p].tolist()) for p in range(programs) for i in range(order.counts[p])]
-    expected = []
+    mine = [[tuple(order.walks[i * programs + p].tolist()) for i in range(order.counts[p])] for p in range(programs)]
+    whole_flags = chunk.layout.WALK_STORES_HT | chunk.layout.WALK_WHOLE
+    whole = [(n * heads + h, start, start, end, whole_flags) for n, (start, end) in enumerate(layout.spans)
+             if end - start > chunks * chunk.CHUNK for h in range(heads)]
+    assert [walks[0] for walks in mine if walks[0][4] == whole_flags] == whole[:programs]  # first, in turn
+    assert sum(walk[4] == whole_flags for walks in mine for walk in walks[1:]) == max(len(whole) - programs, 0)
+    expected = list(whole)
     for n, (start, end) in enumerate(layout.spans):
         for first in range(start, end, chunks * chunk.CHUNK):
             last = min(first + chunks * chunk.CHUNK, end)
             expected += [(n * heads + h, start, first, last, chunk.layout.WALK_STORES_HT if last == end else 0)
                          for h in range(heads)]
-    assert sorted(rows) == sorted(expected)
+    assert sorted(walk for walks in mine for walk in walks) == sorted(expected)
     assert order.empty.tolist() == [1 * heads + h for h in range(heads)]  # the empty sequence's, dealt to none
-    loads = [[-(-(end - first) // chunk.CHUNK) + (first > start) for _, start, first, end, _ in
-              [tuple(order.walks[i * programs + p].tolist()) for i in range(order.counts[p])]] for p in range(programs)]
+    loads = [[-(-(end - first) // chunk.CHUNK) + (first > start) for _, start, first, end, flags in walks
+              if flags != whole_flags] for walks in mine]
     assert order.program_chunks.tolist() == [sum(mine) for mine in loads]
     assert order.makespan == max(map(sum, loads)) and order.chunks == sum(-(-n // 64) for n in lengths) * heads
 
@@ -393,7 +402,8 @@ def test_segments_for_the_specialized_kernel_deal_evenly(lengths, HV, raw, chunk
         def makespan(size: int) -> int:  # the segments' walks dealt as the kernel's, a chunk of warm-up each but
             dealt = chunk.SegmentLayout.build(layout, size).walks(HV, 132)  # a sequence's first
             loads = [sum(-(-(end - first) // 64) + (first > start)
-                         for _, start, first, end, _ in dealt.walks.tolist()[p::132][:dealt.counts[p]])
+                         for _, start, first, end, flags in dealt.walks.tolist()[p::132][:dealt.counts[p]]
+                         if not flags & chunk.layout.WALK_WHOLE)  # outside the balance
                      for p in range(132)]
             assert loads == dealt.program_chunks.tolist()
             return dealt.makespan

@@ -43,6 +43,11 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
             segments = dict(seg_parent="*i32", parent_bounds="*i64")
         else:
             const.update(seg_parent=None, parent_bounds=None)
+        # beside warm-up segments (and the whole walks beside them, here the long ones) the walks marked slow
+        if warm_up or long_walk:
+            segments["slow_walks"] = "*i32"
+        else:
+            const["slow_walks"] = None
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, walk.BV]), ai_desc=desc([64, 64]),
                o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
                scale="fp32", **segments, **{name: "constexpr" for name in const})
@@ -69,9 +74,12 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
     const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, USE_H0=h0,
                  STORE_HT=h0, WARM_UP=warm_up, WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS,
                  LOAD_REGS=spec.LOAD_REGS)
+    slow_walks = {"slow_walks": "*i32"} if warm_up else {}  # segments and whole walks: the walks marked slow
+    if not warm_up:
+        const["slow_walks"] = None
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
                o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", scale="fp32", order_counts="*i32",
-               order_walks="*i32", order_chunks="*i32", order_period="i32", order_flags="i32",
+               order_walks="*i32", order_chunks="*i32", order_period="i32", order_flags="i32", **slow_walks,
                **{name: "constexpr" for name in const})
     compiled = compile_sm90(spec._specialized_kernel, sig, const, interpreted=False, num_warps=spec.WARPS,
                             maxnreg=spec.MAX_REGS)
@@ -379,7 +387,9 @@ def test_specialized_kernel_takes_any_scale(scale):
 
 
 @pytest.mark.skipif(not _sm90(), reason="needs an sm_90 GPU")
-@pytest.mark.parametrize("gate_norm", [1.0, 10.0])  # strong decay: warm-ups of a chunk; weak: back to the start
+# strong decay: warm-ups of a chunk; weak: too slow for warm-ups of 4 chunks, the whole walks take every head;
+# mixed: odd heads weak, even ones strong, in one call (warm_up.mark_slow_walks)
+@pytest.mark.parametrize("gate_norm", [1.0, 10.0, "mixed"])
 @pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
 @pytest.mark.parametrize("h0", [True, False])  # without: every segment starts from S = 0
 @pytest.mark.parametrize("programs", [None, 7])  # 7: the specialized kernel's programs take 5 or 6 walks each
@@ -396,9 +406,11 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
 
     dev = torch.device("cuda")
     seqs, H, HV = [1000, 0, 64, 700, 1], 2, 4
-    gen = torch.Generator().manual_seed(int(gate_norm))
+    gen = torch.Generator().manual_seed(3 if gate_norm == "mixed" else int(gate_norm))
     kw, N = kernel_inputs(gen, B=1, T=sum(seqs), H=H, HV=HV, K=128, V=128, dtype="bf16", seqs=seqs, raw=False,
-                          l2=False, gate_norm=gate_norm)
+                          l2=False, gate_norm=1.0 if gate_norm == "mixed" else gate_norm)
+    if gate_norm == "mixed":
+        kw["g"][..., 1::2] /= 100
     kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen) if h0 else None
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
@@ -429,3 +441,5 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
         assert ((got - ref).norm() / ref.norm()).item() < tol
     empty = cpu["initial_state"][1].double() if h0 else torch.zeros_like(f[1])
     assert torch.equal(f[1], empty)  # the empty sequence keeps its initial state
+    slow = {1.0: [0] * HV, 10.0: [1] * HV, "mixed": [0, 1] * (HV // 2)}[gate_norm]  # the long sequences' walks
+    assert ws.slow_walks.view(N, HV)[[0, 3]].tolist() == [slow, slow]

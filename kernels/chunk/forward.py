@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import Tensor
 
 from ..common.tuning import TunedKernel
@@ -11,28 +14,43 @@ from .gate import chunk_gate_kernel
 from .launch import Launch, prepare_launch
 from .layout import CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout
 from .output import output_kernel_for, output_pass
-from .pipeline import run_pipelined
+from .pipeline import pipeline_streams, run_pipelined
 from .plan import ChunkPlan, make_plan, specialized_order
 from .prep import fused_prep_kernel, kkt_solve_kernel, run_prep
 from .sm90 import GLUON_WALKS, SPECIALIZED
 from .sm90 import prep as sm90_prep
 from .sm90 import specialized as sm90_specialized
 from .state import fused_state_kernel, state_kernel, state_pass, walk_with_output
+from .warm_up import mark_slow_walks
 from .wu import wu_kernel
 
 
-def _state_and_output(x: Launch, kernel: TunedKernel, *, fuse_output: bool, output_final_state: bool,
-                      segments: SegmentLayout | None = None) -> None:
-    """(d), and (e) over blocks of x.span chunks unless the output is fused into (d); with ``segments``, (d)
-    over warm-up segments. kernel: a TunedKernel of the state pass."""
+def _state_and_output(x: Launch, kernel: TunedKernel, *, fuse_output: bool, output_final_state: bool) -> None:
+    """(d), and (e) over blocks of x.span chunks unless the output is fused into (d). kernel: a TunedKernel of
+    the state pass."""
     lay, ws = x.lay, x.ws
     final = ws.final_state if output_final_state else None
-    if segments is None:
-        state_pass(x, kernel, lay, x.h0, final, fuse=fuse_output)
-    else:
-        state_pass(x, kernel, segments.layout, x.h0, final, fuse=fuse_output, seg_parent=segments.parent)
+    state_pass(x, kernel, lay, x.h0, final, fuse=fuse_output)
     if not fuse_output:
         output_pass(x, output_kernel_for(x.span), lay)
+
+
+def _walk_segments(x: Launch, segments: SegmentLayout, walk: Callable[[Tensor, SegmentLayout | None], None]) -> None:
+    """The walk with the output fused in over warm-up segments, beside the whole sequences of the walks whose decay
+    is too slow for them (``warm_up.mark_slow_walks``): walk(slow_walks, segments or None for the whole sequences).
+    On a GPU the whole walks run on a stream of their own at a higher priority, forked from and joined back into the
+    caller's, so that they overlap the segments and start first."""
+    slow = mark_slow_walks(x, segments)
+    if x.q.device.type != "cuda":
+        walk(slow, None)
+        walk(slow, segments)
+        return
+    main, side = torch.cuda.current_stream(x.q.device), pipeline_streams(x.q.device)[0]
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        walk(slow, None)
+    walk(slow, segments)
+    main.wait_stream(side)
 
 
 def chunk_gdn(
@@ -133,18 +151,21 @@ def chunk_fused_gdn(
     final = x.ws.final_state if output_final_state else None
     if plan.pipeline is not None:
         run_pipelined(x, plan.pipeline, plan.fuse_output, output_final_state, plan.walk, plan.prep)
-    elif plan.walk == SPECIALIZED:
+    elif plan.walk == SPECIALIZED:  # whole walks in the same launch (SegmentLayout.walks)
         sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final,
                                            specialized_order(lay, x.HV, q.device, plan.segments), x.scale,
-                                           warm_up=plan.segments is not None)
+                                           slow_walks=None if plan.segments is None else
+                                           mark_slow_walks(x, plan.segments))
     else:
         run_prep(x, lay, plan.prep)
-        if plan.walk in GLUON_WALKS:
-            walk_with_output(x, lay, x.h0, final, plan.walk, plan.segments)
+        if plan.segments is not None:
+            _walk_segments(x, plan.segments,
+                           lambda slow, segments: walk_with_output(x, lay, x.h0, final, plan.walk, segments, slow))
+        elif plan.walk in GLUON_WALKS:
+            walk_with_output(x, lay, x.h0, final, plan.walk)
         else:
             _state_and_output(x, fused_state_kernel if plan.fuse_output else state_kernel,
-                              fuse_output=plan.fuse_output, output_final_state=output_final_state,
-                              segments=plan.segments)
+                              fuse_output=plan.fuse_output, output_final_state=output_final_state)
     return x.out, x.ws.final_state if output_final_state else None
 
 

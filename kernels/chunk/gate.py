@@ -10,6 +10,18 @@ from .tiles import chunk_bounds, chunk_program
 
 
 @triton.jit
+def log_decay(g, a, A_log, dt_bias, tok, valid, i_h, HV: tl.constexpr, RAW_GATE: tl.constexpr):
+    """The log decay of value head i_h at flat token indices tok, fp32, 0 where not valid: g as given, or
+    -exp(A_log) softplus(a + dt_bias) from raw gates."""
+    if RAW_GATE:
+        x = tl.load(a + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
+        b_g = -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus(x)
+    else:
+        b_g = tl.load(g + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32)
+    return tl.where(valid, b_g, 0.0)
+
+
+@triton.jit
 def _gate_rows(g, beta, a, b, A_log, dt_bias, tok, valid, i_h, HV: tl.constexpr, RAW_GATE: tl.constexpr):
     """(log decay, beta) of value head i_h at flat token indices tok, fp32, 0 where not valid.
 
@@ -17,13 +29,10 @@ def _gate_rows(g, beta, a, b, A_log, dt_bias, tok, valid, i_h, HV: tl.constexpr,
     valid one, so no exp() of a decay difference that involves them can overflow.
     """
     if RAW_GATE:
-        x = tl.load(a + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32) + tl.load(dt_bias + i_h).to(tl.float32)
-        b_g = -tl.exp(tl.load(A_log + i_h).to(tl.float32)) * softplus(x)
         b_beta = tl.sigmoid(tl.load(b + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32))
     else:
-        b_g = tl.load(g + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32)
         b_beta = tl.load(beta + tok * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    return tl.where(valid, b_g, 0.0), tl.where(valid, b_beta, 0.0)
+    return log_decay(g, a, A_log, dt_bias, tok, valid, i_h, HV, RAW_GATE), tl.where(valid, b_beta, 0.0)
 
 
 @triton.jit

@@ -78,7 +78,8 @@ def prepare_launch(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tens
                                               segments=segments, output_span=output_span, pipeline=pipeline)
     missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
-                                       ("final_state", output_final_state), ("handoff", pipeline))
+                                       ("final_state", output_final_state), ("handoff", pipeline),
+                                       ("slow_walks", segments is not None))
                if need and getattr(ws, name) is None]
     if missing or ws.Ai.shape != (B * T, HV, CHUNK) or ws.Ai.dtype != q.dtype or \
             (stages and (ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V))) or \

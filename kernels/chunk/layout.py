@@ -15,7 +15,8 @@ import torch
 import triton
 from torch import Tensor
 
-__all__ = ["CHUNK", "WARM_UP_LOG_DECAY", "WALK_ROW", "WALK_TAKES_H0", "WALK_STORES_HT", "ChunkLayout", "WalkOrder",
+__all__ = ["CHUNK", "WARM_UP_LOG_DECAY", "WALK_ROW", "WALK_TAKES_H0", "WALK_STORES_HT", "WALK_WHOLE", "ChunkLayout",
+           "WalkOrder",
            "SegmentLayout", "PipelineLayout", "ChunkWorkspace", "deal_longest_first", "warm_up_loads", "chunk_tier",
            "state_tier"]
 
@@ -33,6 +34,7 @@ WARM_UP_LOG_DECAY = -20.0
 WALK_ROW = 5
 WALK_TAKES_H0 = 1
 WALK_STORES_HT = 2
+WALK_WHOLE = 4  # beside warm-up segments: the whole sequence, walked where its head's decay is too slow for them
 
 
 @dataclass(frozen=True)
@@ -164,22 +166,29 @@ class WalkOrder:
 
     @classmethod
     def deal(cls, rows: list[tuple[int, int, int, int, int]], loads: list[int], programs: int,
-             device: torch.device | str, drop_empty: bool = False) -> WalkOrder:
+             device: torch.device | str, drop_empty: bool = False,
+             lead: list[tuple[int, int, int, int, int]] = ()) -> WalkOrder:
         """The walks of ``rows`` (a row each) longest first by ``loads`` (the chunks each is expected to walk), each
         to the program with the fewest chunks so far, the lowest-numbered on a tie: equal walks go round the programs
         in order, and the longest of unequal ones no longer meet on one program, as in order they may (parity's
         varlen N=64 T=6656: 9 chunks on one program where 7 suffice). drop_empty: the walks of no token are dealt to
         no program but listed in ``empty``, for a kernel whose programs learn a walk's bounds with its first chunk
-        (``sm90_specialized`` over warm-up segments), which such a walk never has."""
+        (``sm90_specialized`` over warm-up segments), which such a walk never has. lead: walks each program takes
+        first, in turn round the programs, outside the balance (``SegmentLayout.walks``' whole sequences, which run
+        only where the segments do not)."""
         empty = [row[0] for row in rows if drop_empty and row[1] == row[3]]
         if empty:
             loads = [load for row, load in zip(rows, loads) if row[1] != row[3]]
             rows = [row for row in rows if row[1] != row[3]]
         dealt, program_chunks = deal_longest_first(loads, programs)
+        for i in range(len(lead)):
+            dealt[i % programs].insert(i // programs, len(rows) + i)
+        rows = [*rows, *lead]
         rounds = max(1, *(len(mine) for mine in dealt))  # a row at least: a program reads its first before its count
         table = [rows[mine[i]] if i < len(mine) else (-1, 0, 0, 0, 0) for i in range(rounds) for mine in dealt]
         return cls(programs=programs, makespan=max(program_chunks),
-                   chunks=sum(triton.cdiv(end - first, CHUNK) for _, _, first, end, _ in rows),
+                   chunks=sum(triton.cdiv(end - first, CHUNK) for _, _, first, end, flags in rows
+                              if not flags & WALK_WHOLE),
                    counts=torch.tensor([len(mine) for mine in dealt], dtype=torch.int32, device=device),
                    walks=torch.tensor(table, dtype=torch.int32, device=device).reshape(-1, WALK_ROW),
                    program_chunks=torch.tensor(program_chunks, dtype=torch.int32, device=device),
@@ -210,8 +219,10 @@ class SegmentLayout:
     Each segment walks, state only, the chunks before it back to where their decay reaches
     exp(WARM_UP_LOG_DECAY) (or its sequence's start, from h0), then its own chunks with the outputs. The state
     this leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys); where decay is strong one
-    chunk suffices, where it is weak the warm-up reaches back to the sequence's start and the walk is as long as
-    the sequential one (docs/decisions/0018-warm-up-segments.md).
+    chunk suffices (docs/decisions/0018-warm-up-segments.md). Where a (sequence, value head)'s decay is too slow
+    for some segment's warm-up to end within ``chunks`` chunks, its segments are skipped and its whole sequence is
+    walked instead: the kernels decide on the device, from the gates (``warm_up.mark_slow_walks``), so a warm-up
+    costs at most one segment's length and the call no host sync (docs/decisions/0022-slow-decay-walks.md).
     Built on the host once, outside any timed call.
     """
 
@@ -244,7 +255,8 @@ class SegmentLayout:
         """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence
         n's walk n * heads + h) dealt to ``programs`` persistent programs, each as the chunks it is expected to walk
         (``warm_up_loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on
-        programs of 7 chunks, where 5 suffice); built on first use and kept."""
+        programs of 7 chunks, where 5 suffice), and the whole walks (WALK_WHOLE) of each sequence cut in two or more,
+        one a program, first; built on first use and kept."""
         key = heads, programs
         if key not in self._walks:
             rows = []
@@ -252,8 +264,11 @@ class SegmentLayout:
                 start, last = self.sequence_spans[n]
                 rows += [(n * heads + h, start, first, end, WALK_STORES_HT if end == last else 0) for h in range(heads)]
             loads = warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in self.sequence_spans], self.chunks)
+            whole = [(n * heads + h, start, start, end, WALK_STORES_HT | WALK_WHOLE)
+                     for n, (start, end) in enumerate(self.sequence_spans) if end - start > self.chunks * CHUNK
+                     for h in range(heads)]  # a sequence of one segment needs no warm-up
             self._walks[key] = WalkOrder.deal(rows, [load for load in loads for _ in range(heads)], programs,
-                                              self.parent.device, drop_empty=True)
+                                              self.parent.device, drop_empty=True, lead=whole)
         return self._walks[key]
 
 
@@ -312,6 +327,8 @@ class ChunkWorkspace:
     final_state: Tensor | None  # [N, HV, K, V] fp32
     # the fused pipeline's groups (PipelineLayout): the state one group hands the next, two in turn, fp32
     handoff: Tensor | None = None  # [2, N, HV, K, V]
+    # beside warm-up segments: 1 for each walk (n * HV + h) whose decay is too slow for them (SegmentLayout)
+    slow_walks: Tensor | None = None  # [N * HV] int32
 
     @classmethod
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
@@ -335,6 +352,7 @@ class ChunkWorkspace:
             h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
             handoff=empty(2, layout.N, HV, K, V, dtype=torch.float32) if pipeline else None,
+            slow_walks=empty(layout.N * HV, dtype=torch.int32) if segments is not None else None,
         )
 
 

@@ -14,9 +14,10 @@ from .state import state_kernel, state_pass, walk_with_output
 _STREAMS: dict[int, tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]] = {}
 
 
-def _pipeline_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]:
+def pipeline_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]:
     """(walk, prep, output) streams of a device, made once: the walk is the critical path, so its stream
-    has the higher priority (its programs are scheduled first when an SM frees up)."""
+    has the higher priority (its programs are scheduled first when an SM frees up). The whole walks beside warm-up
+    segments take the first too (``forward``)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _STREAMS:
         low, high = torch.cuda.Stream.priority_range()
@@ -54,7 +55,7 @@ def run_pipelined(x: Launch, pipe: PipelineLayout, fuse_output: bool, output_fin
                 output(g)
         return
     main = torch.cuda.current_stream(x.q.device)
-    walk_s, prep_s, out_s = _pipeline_streams(x.q.device)
+    walk_s, prep_s, out_s = pipeline_streams(x.q.device)
     streams = (walk_s, prep_s) if fuse_output else (walk_s, prep_s, out_s)  # forked and joined: the used ones
     for s in streams:
         s.wait_stream(main)

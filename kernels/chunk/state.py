@@ -71,7 +71,7 @@ STATE_CONFIGS = make_configs(STATE_CANDIDATES)
 
 @triton.jit
 def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets, seg_parent, parent_bounds,
-              scale, state_tier,
+              slow_walks, scale, state_tier,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
               WARM_UP: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
@@ -81,7 +81,8 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
     # WARM_UP (each "sequence" is then a warm-up segment, see SegmentLayout): from zero, or from h0 at its
     # sequence's start (seg_parent: each segment's sequence, parent_bounds: the sequences' seq_bounds), the
     # chunks back to where the decay reaches _WARM_UP_LOG_DECAY walked first, state only; the last segment
-    # of a sequence stores its final state (ht).
+    # of a sequence stores its final state (ht). slow_walks (beside warm-up segments, warm_up.mark_slow_walks): the
+    # segments skip the walks marked in it, the whole sequences' walk (WARM_UP False) the others.
     # 1-D grid, a walk's V-blocks side by side: they read the same W and k tiles, which they then share in
     # L2 (with the V-block as a second grid axis, every walk's first block ran before any second one)
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -98,7 +99,14 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
     ht_rows = K
     if WARM_UP:
         i_n = tl.load(seg_parent + i_n).to(tl.int64)  # from here on: the sequence (h0, ht)
+    skip = False
+    if slow_walks is not None:
+        slow = tl.load(slow_walks + i_n * HV + i_h) != 0
+        skip = slow if WARM_UP else slow == 0
+        n_tok = tl.where(skip, 0, n_tok)
+    if WARM_UP:
         seq_bos, seq_len = sequence_bounds(parent_bounds, i_n)
+        seq_bos = tl.where(skip, bos, seq_bos)  # no warm-up either
         log_decay = 0.0
         # the chunks before a segment are whole: each one's decay is gc at its last token
         while (bos + i_t0 * BT > seq_bos) & (log_decay > _WARM_UP_LOG_DECAY):
@@ -156,7 +164,7 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
         b_vdec = cast(b_v * tl.where(valid, exp(gc_last - b_gc), 0.0)[:, None], dt)
         b_h = b_h * exp(gc_last) + dot(tl.trans(b_k), b_vdec, IEEE)
     if STORE_HT:
-        store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, ht_rows, V, cols_v, V, b_h)
+        store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, tl.where(skip, 0, ht_rows), V, cols_v, V, b_h)
 
 
 state_kernel = TunedKernel(_state_fn, STATE_CONFIGS,
@@ -173,27 +181,35 @@ fused_state_kernel = TunedKernel(_state_fn, FUSED_STATE_CONFIGS, ["K", "V", "FUS
 
 
 def state_pass(x: Launch, kernel, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None,
-               fuse: bool = False, h: Tensor | None = None, seg_parent: Tensor | None = None) -> None:
+               fuse: bool = False, h: Tensor | None = None, seg_parent: Tensor | None = None,
+               slow_walks: Tensor | None = None) -> None:
     """(d) over the sequences of ``over`` from h0 (fp32, or zero), the final states to ht (or not
     stored); h: where the first block's entering state goes (default: the workspace's h, whose start
-    is over's first block); seg_parent: each warm-up segment's sequence where over holds the segments of x.lay."""
+    is over's first block); seg_parent: each warm-up segment's sequence where over holds the segments of x.lay;
+    slow_walks (``warm_up.mark_slow_walks``): beside warm-up segments, which skip the walks it marks, the whole
+    sequences walk only those."""
     ws = x.ws
     kernel[lambda meta: (over.N * x.HV * triton.cdiv(x.V, meta["BV"]),)](
         x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
-        over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, x.scale,
+        over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, slow_walks, x.scale,
         state_tier(over.N, x.HV, x.V, over.max_len),
         USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, WARM_UP=seg_parent is not None, SPAN=x.span,
         FROM_AI=not x.stages, **shape_constexprs(x))
 
 
 def walk_with_output(x: Launch, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str,
-                     segments: SegmentLayout | None = None) -> None:
+                     segments: SegmentLayout | None = None, slow_walks: Tensor | None = None) -> None:
     """The state pass with the output fused in, over the sequences of ``over`` from h0 (or zero), final states
     to ht (or not stored): the Triton walk or a Gluon one (``GLUON_WALKS[walk]``), over warm-up segments of
-    ``over`` where given (a Gluon walk with TAKES_WARM_UP_SEGMENTS)."""
+    ``over`` where given (a Gluon walk with TAKES_WARM_UP_SEGMENTS); slow_walks as for ``state_pass``."""
     if walk in GLUON_WALKS:
         walked, over_segments = (over, {}) if segments is None else (segments.layout, {"segments": segments})
+        if slow_walks is not None:
+            over_segments["slow_walks"] = slow_walks
         GLUON_WALKS[walk].fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
                                      long_walk=walked.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK, **over_segments)
+    elif segments is None:
+        state_pass(x, fused_state_kernel, over, h0, ht, fuse=True, slow_walks=slow_walks)
     else:
-        state_pass(x, fused_state_kernel, over, h0, ht, fuse=True)
+        state_pass(x, fused_state_kernel, segments.layout, h0, ht, fuse=True, seg_parent=segments.parent,
+                   slow_walks=slow_walks)

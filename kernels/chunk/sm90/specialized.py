@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..layout import WALK_ROW, WALK_STORES_HT, WALK_TAKES_H0, WalkOrder
+from ..layout import WALK_ROW, WALK_STORES_HT, WALK_TAKES_H0, WALK_WHOLE, WalkOrder
 from .prep import unsupported as prep_unsupported
 from .walk import unsupported as walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
@@ -65,6 +65,7 @@ if GLUON_MISSING is None:
     _WALK_ROW = gl.constexpr(WALK_ROW)
     _WALK_TAKES_H0 = gl.constexpr(WALK_TAKES_H0)
     _WALK_STORES_HT = gl.constexpr(WALK_STORES_HT)
+    _WALK_WHOLE = gl.constexpr(WALK_WHOLE)
     # a chunk's gates (``_gate_rows``), in the stage of its k, q and v (the loader refills it once both walkers have
     # released that stage, after reading the gates and after the prep, which read them before it published the
     # chunk's Ai: a barrier of their own, released by all three, cost each a barrier and an arrival)
@@ -161,7 +162,7 @@ if GLUON_MISSING is None:
         sequence's end), with the exps the walkers take of them, into the same stage (``_gate_rows``), as far
         ahead of the prep as the stages let it. One token a thread: the cumsum is a scan, not ``prep``'s
         masked row sum over a [64, 64] tile (32 registers a thread)."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s, _ = args
         # every program has a walk (WalkOrder.deal): the first one's loads go out without waiting for the count,
         # a round trip sooner at the launch, and where its row is regular without reading it either
         first = _first_walk_bounds(order, HV, BT)
@@ -177,15 +178,22 @@ if GLUON_MISSING is None:
         WARM_UP: the row holds the sequence's start, and the walk starts where the decay before its first output
         token runs out (``layout.WalkOrder``): found here, where a kernel of its own launched before this one did it
         (qwen3-next B=1 1.02-1.06x, H200)."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s, slow_walks = args
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
         i = chunk_tokens(BT)  # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
         walk, i_h, bos, first, eos, NT, flags = bounds
         if WARM_UP:
+            # segments skip the walks too slow for them (``warm_up.mark_slow_walks``), whole walks the others: a
+            # skipped walk becomes one chunk of warm-up from zero that stores nothing, so that the prep and the
+            # walkers, who learn its row with its first chunk, need no case of their own
+            slow = gl.load(slow_walks + walk) != 0
+            skip = (slow == ((flags & _WALK_WHOLE) == 0)).to(gl.int32)
             seq_bos = bos
-            bos = warm_up_start(g, first, seq_bos, i_h, HV, BT, False)
-            flags += (bos == seq_bos).to(gl.int32) * _WALK_TAKES_H0
+            bos = warm_up_start(g, first, seq_bos + skip * (first - seq_bos), i_h, HV, BT, False)
+            flags = (1 - skip) * (flags + (bos == seq_bos).to(gl.int32) * _WALK_TAKES_H0)
+            eos = eos + skip * (gl.minimum(eos, bos + BT) - eos)
+            first = first + skip * BT  # past the one chunk's tokens: no output
             NT = (eos - bos + BT - 1) // BT
         col_k = (i_h // (HV // H)) * K
         for t in range(NT):
@@ -260,7 +268,7 @@ if GLUON_MISSING is None:
                         BT: gl.constexpr, BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                         USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr):
         """Computes every chunk's Ai and P^T, one stage ahead of the walkers."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s, _ = args
         kq_ready, walk_s = ring[2], ring[4]
         p_scale = (gl.log2(scale), -1.0 / scale)  # P's (``_prep_chunk``), once
         if WARM_UP:  # the loader finds where each walk starts: its chunks come with its row
@@ -385,7 +393,7 @@ if GLUON_MISSING is None:
         """Walks this program's walks on value columns [HALF * BV, (HALF + 1) * BV); WARM_UP: warm-up segments
         (``layout.SegmentLayout.walks``), which take h0 only where they reach their sequence's start, store ht only at
         its end and output from their first token on."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s, _ = args
         kq_ready, walk_s = ring[2], ring[4]
         o_desc = descs[3]
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -430,7 +438,7 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
-                            order_chunks, order_period, order_flags,
+                            order_chunks, order_period, order_flags, slow_walks,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                             USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
@@ -457,7 +465,7 @@ if GLUON_MISSING is None:
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ring = (kq_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
-                (order_counts, order_walks, order_chunks, order_period, order_flags), gate_s)
+                (order_counts, order_walks, order_chunks, order_period, order_flags), gate_s, slow_walks)
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         # the loader one warp on whole walks (Triton pads its warpgroup with warps that only give up their registers):
         # four warps each did the whole chunk's gates, with 14 barriers a chunk between them; over warm-up segments
@@ -475,12 +483,14 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, order: WalkOrder, scale: float, warm_up: bool = False) -> None:
+                      ht: Tensor | None, order: WalkOrder, scale: float, slow_walks: Tensor | None = None) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
     (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
-    h) from h0 (fp32 [N, HV, K, V], or zero); warm_up: the walks are warm-up segments (``SegmentLayout.walks``),
-    whose warm-up starts the loader finds from g. q, k [B, T, H, 128], v, out [B, T, HV, 128], g, beta [B, T, HV],
-    all contiguous (see ``unsupported``)."""
+    h) from h0 (fp32 [N, HV, K, V], or zero). slow_walks: the walks are warm-up segments and whole sequences
+    (``SegmentLayout.walks``), whose warm-up starts the loader finds from g; the segments skip the walks marked in
+    slow_walks ([N * HV] int32, ``warm_up.mark_slow_walks``), the whole sequences the others. q, k [B, T, H, 128],
+    v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
+    warm_up = slow_walks is not None
     # the prep takes log2(scale): a scale of 0 or below runs as |scale| (or 1), and the output, linear in the scale
     # (the states do not see it), is scaled after
     run_scale = scale if scale > 0 else abs(scale) or 1.0
@@ -490,6 +500,7 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
         *descs, out, g, beta, h0, ht, run_scale, order.counts, order.walks, order.program_chunks, *order.regular(HV),
+        slow_walks,
         H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, USE_H0=h0 is not None, STORE_HT=ht is not None,
         WARM_UP=warm_up, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS,
         maxnreg=MAX_REGS)
