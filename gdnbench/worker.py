@@ -184,8 +184,8 @@ def _serve(conn: multiprocessing.connection.Connection, log: str) -> None:
         except EOFError:
             return
         try:
-            if opts.device.type == "cuda":
-                torch.cuda.set_device(opts.device)  # the worker's kernels launch on its GPU
+            if opts.device.type == "cuda" and opts.device.index is not None:
+                torch.cuda.set_device(opts.device)  # the worker's kernels launch on its GPU (--gpus)
             backends = [get_backend(spec) for spec in specs]
             rows, samples = run_case(case, backends, suite, opts, on_step=lambda s: conn.send(("step", s)))
             conn.send(("done", rows, samples, device_lost(opts.device)))

@@ -90,8 +90,8 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                 for name in ("gc", "W", "U", "A_diag", "beta", "Ai", "v_new", "h", "final_state", "handoff"):
                     if getattr(ws, name) is not None:
                         getattr(ws, name).fill_(float("nan"))
-                if ws.slow_walks is not None:
-                    ws.slow_walks.fill_(7)  # neither 0 nor 1: marks that were never written
+                if ws.slow_marks is not None:
+                    ws.slow_marks.fill_(7)  # neither 0 nor 1: marks that were never written
                 out = torch.full_like(v, float("nan"))
                 saved = torch.Tensor.item, torch.Tensor.tolist
                 # no .item() / .tolist() in a call with a prebuilt layout (graph capture)
@@ -107,7 +107,7 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                 finally:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "h_offsets": layout.blocks(span)[2],
-                       "slow_walks": ws.slow_walks}
+                       "slow_marks": ws.slow_marks}
                 res.update({name: getattr(ws, name) for name in STAGES})
                 if variant == "pipe":  # h holds the groups in turn: back to the batch's sequence-major order
                     res["h"] = ws.h[_sequence_major(pipe, span)]
@@ -220,7 +220,7 @@ def _guarded_runs(chunk) -> dict:
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.blocks(span)[0], HV, K, V), dtype=dt),
                         final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
-                        slow_walks=None if segs is None else guarded(shape=(lay.N * HV,), dtype=torch.int32))
+                        slow_marks=None if segs is None else guarded(shape=(seg0.layout.N, HV), dtype=torch.int32))
                     out = guarded(shape=v.shape, dtype=dt)
                     common = dict(layout=lay, out=out, workspace=ws)
                     if variant == "chunk":
@@ -275,10 +275,10 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk.wu", "wu_kernel", dict(shape, BV=64, L2NORM=False, IEEE=False), 8),
         ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, WARM_UP=False,
                                           SPAN=1, FROM_AI=False, L2NORM=False, IEEE=False, BV=32, q=None, v=None,
-                                          Ai=None, slow_walks=None), 4),
+                                          Ai=None, slow_marks=None, seg_offsets=None), 4),
         ("chunk.state", "_state_fn", dict(shape, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=False, WARM_UP=False,
                                           SPAN=2, FROM_AI=True, L2NORM=False, IEEE=False, BV=32, q=None, W=None,
-                                          U=None, slow_walks=None), 4),
+                                          U=None, slow_marks=None, seg_offsets=None), 4),
         ("chunk.state", "_state_fn", dict(shape, USE_H0=False, STORE_HT=True, FUSE_OUTPUT=True, WARM_UP=False,
                                           SPAN=1, FROM_AI=True, L2NORM=True, IEEE=False, BV=16, W=None, U=None,
                                           h=None, v_new=None, h0=None), 4),
@@ -291,8 +291,8 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
                                                    b=None, A_log=None, dt_bias=None), 4),
         ("chunk.prep", "fused_prep_kernel", dict(prep_shape, RAW_GATE=True, L2NORM=True, IEEE=False, g=None,
                                                    beta=None), 4),
-        ("chunk.warm_up", "_slow_walks_kernel", dict(HV=4, WINDOW=1280, BLOCK=1024, RAW_GATE=False, a=None,
-                                                     A_log=None, dt_bias=None), 4),
+        ("chunk.warm_up", "_mark_kernel", dict(HV=4, WINDOW=1280, BLOCK=1024, RAW_GATE=False, a=None, A_log=None,
+                                               dt_bias=None), 4),
     ]
 
 
@@ -307,7 +307,8 @@ def test_kernel_compiles_for_sm90(D, index):
     fn = getattr(importlib.import_module(f"gdnbench_kernels.{module}"), name)
     ptr = dict(q="bf16", k="bf16", v="bf16", beta="bf16", a="bf16", b="bf16", Ai="bf16", W="bf16", U="bf16", h="bf16",
                v_new="bf16", o="bf16", seq_bounds="i64", chunk_indices="i32", h_offsets="i32", block_indices="i32",
-               seg_offsets="i32", seg_parent="i32", parent_bounds="i64", seg_bounds="i64", slow_walks="i32")
+               seg_offsets="i32", seg_parent="i32", parent_bounds="i64", seg_bounds="i64", slow_marks="i32",
+               marks="i32")
     scalars = {"scale": "fp32", "state_tier": "i32", "chunk_tier": "i32"}
     sig = {arg: "constexpr" if arg in const else scalars.get(arg) or f"*{ptr.get(arg, 'fp32')}" for arg in fn.arg_names}
     compile_sm90(fn, sig, const, interpreted=chunk.INTERPRETED, num_warps=warps)
@@ -382,10 +383,10 @@ def test_kernel_matches_the_references(interpreted, name, variant):
 
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_walks_too_slow_for_warm_up_segments_are_marked(interpreted, name):
-    """warm_up.mark_slow_walks over each case's segments: a (sequence, value head) is marked where a segment whose
-    warm-up would not reach its sequence's start within a segment's length has log decays over that length before
-    it summing above WARM_UP_LOG_DECAY (its warm-up would walk further); the cases hold both kinds, and
-    "mixed-decay-heads" both in one call."""
+    """warm_up.mark_slow_walks over each case's segments: a (segment, value head) is marked where its warm-up would
+    not reach its sequence's start within a segment's length and the log decays over that length before it sum above
+    WARM_UP_LOG_DECAY (its warm-up would walk further); every mark written (none cleared first); the cases hold both
+    kinds, and "mixed-decay-heads" both in one call."""
     from gdnbench_kernels import chunk
 
     kw = BY_NAME[name]["kw"]
@@ -394,11 +395,10 @@ def test_walks_too_slow_for_warm_up_segments_are_marked(interpreted, name):
     bounds = kw["cu_seqlens"].tolist() if "cu_seqlens" in kw else [b * T for b in range(B + 1)]
     flat = g.reshape(B * T, HV).double()
     window = BY_NAME[name]["segment_chunks"] * chunk.CHUNK
-    expected = [[int(any(flat[first - window:first, h].sum() > chunk.layout.WARM_UP_LOG_DECAY
-                         for first in range(start + 2 * window, end, window))) for h in range(HV)]
-                for start, end in zip(bounds, bounds[1:])]
-    got = interpreted[(name, "warm-up")]["slow_walks"]
-    assert got.tolist() == [mark for marks in expected for mark in marks]
+    expected = [[int(first - window > start and flat[first - window:first, h].sum() > chunk.layout.WARM_UP_LOG_DECAY)
+                 for h in range(HV)]
+                for start, end in zip(bounds, bounds[1:]) for first in range(start, end, window) or [start]]
+    assert interpreted[(name, "warm-up")]["slow_marks"].tolist() == expected
 
 
 def test_no_kernel_touches_memory_outside_its_tensors(interpreted):

@@ -45,9 +45,9 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
             const.update(seg_parent=None, parent_bounds=None)
         # beside warm-up segments (and the whole walks beside them, here the long ones) the walks marked slow
         if warm_up or long_walk:
-            segments["slow_walks"] = "*i32"
+            segments.update(slow_marks="*i32", seg_offsets="*i32")
         else:
-            const["slow_walks"] = None
+            const.update(slow_marks=None, seg_offsets=None)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, walk.BV]), ai_desc=desc([64, 64]),
                o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
                scale="fp32", **segments, **{name: "constexpr" for name in const})
@@ -74,12 +74,12 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
     const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, USE_H0=h0,
                  STORE_HT=h0, WARM_UP=warm_up, WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS,
                  LOAD_REGS=spec.LOAD_REGS)
-    slow_walks = {"slow_walks": "*i32"} if warm_up else {}  # segments and whole walks: the walks marked slow
+    slow = {"slow_marks": "*i32", "seg_offsets": "*i32"} if warm_up else {}  # segments and whole walks: the marks
     if not warm_up:
-        const["slow_walks"] = None
+        const.update(slow_marks=None, seg_offsets=None)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
                o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", scale="fp32", order_counts="*i32",
-               order_walks="*i32", order_chunks="*i32", order_period="i32", order_flags="i32", **slow_walks,
+               order_walks="*i32", order_chunks="*i32", order_period="i32", order_flags="i32", **slow,
                **{name: "constexpr" for name in const})
     compiled = compile_sm90(spec._specialized_kernel, sig, const, interpreted=False, num_warps=spec.WARPS,
                             maxnreg=spec.MAX_REGS)
@@ -442,4 +442,5 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     empty = cpu["initial_state"][1].double() if h0 else torch.zeros_like(f[1])
     assert torch.equal(f[1], empty)  # the empty sequence keeps its initial state
     slow = {1.0: [0] * HV, 10.0: [1] * HV, "mixed": [0, 1] * (HV // 2)}[gate_norm]  # the long sequences' walks
-    assert ws.slow_walks.view(N, HV)[[0, 3]].tolist() == [slow, slow]
+    marks, offsets = ws.slow_marks.cpu(), segments.seg_offsets.tolist()
+    assert [marks[offsets[n]:offsets[n + 1]].amax(0).tolist() for n in (0, 3)] == [slow, slow]

@@ -21,7 +21,7 @@ from .sm90 import GLUON_WALKS, SPECIALIZED
 from .sm90 import prep as sm90_prep
 from .sm90 import specialized as sm90_specialized
 from .state import fused_state_kernel, state_kernel, state_pass, walk_with_output
-from .warm_up import mark_slow_walks
+from .warm_up import SlowWalks, mark_slow_walks
 from .wu import wu_kernel
 
 
@@ -35,17 +35,25 @@ def _state_and_output(x: Launch, kernel: TunedKernel, *, fuse_output: bool, outp
         output_pass(x, output_kernel_for(x.span), lay)
 
 
-def _walk_segments(x: Launch, segments: SegmentLayout, walk: Callable[[Tensor, SegmentLayout | None], None]) -> None:
-    """The walk with the output fused in over warm-up segments, beside the whole sequences of the walks whose decay
-    is too slow for them (``warm_up.mark_slow_walks``): walk(slow_walks, segments or None for the whole sequences).
-    On a GPU the whole walks run on a stream of their own at a higher priority, forked from and joined back into the
-    caller's, so that they overlap the segments and start first."""
-    slow = mark_slow_walks(x, segments)
+def _walk_segments(x: Launch, prep: str, segments: SegmentLayout,
+                   walk: Callable[[SlowWalks, SegmentLayout | None], None]) -> None:
+    """The prep, then the walk with the output fused in over warm-up segments beside the whole sequences of the walks
+    whose decay is too slow for them (``warm_up.mark_slow_walks``): walk(slow, segments or None for the whole
+    sequences). On a GPU the marks are made beside the prep, and the whole walks run beside the segments, on a stream
+    of their own at a higher priority (so that they start first), forked from and joined back into the caller's: the
+    call's critical path keeps its two launches."""
     if x.q.device.type != "cuda":
+        run_prep(x, x.lay, prep)
+        slow = mark_slow_walks(x, segments)
         walk(slow, None)
         walk(slow, segments)
         return
     main, side = torch.cuda.current_stream(x.q.device), pipeline_streams(x.q.device)[0]
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        slow = mark_slow_walks(x, segments)
+    run_prep(x, x.lay, prep)
+    main.wait_stream(side)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         walk(slow, None)
@@ -154,14 +162,13 @@ def chunk_fused_gdn(
     elif plan.walk == SPECIALIZED:  # whole walks in the same launch (SegmentLayout.walks)
         sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final,
                                            specialized_order(lay, x.HV, q.device, plan.segments), x.scale,
-                                           slow_walks=None if plan.segments is None else
-                                           mark_slow_walks(x, plan.segments))
+                                           slow=None if plan.segments is None else mark_slow_walks(x, plan.segments))
+    elif plan.segments is not None:
+        _walk_segments(x, plan.prep, plan.segments,
+                       lambda slow, segments: walk_with_output(x, lay, x.h0, final, plan.walk, segments, slow))
     else:
         run_prep(x, lay, plan.prep)
-        if plan.segments is not None:
-            _walk_segments(x, plan.segments,
-                           lambda slow, segments: walk_with_output(x, lay, x.h0, final, plan.walk, segments, slow))
-        elif plan.walk in GLUON_WALKS:
+        if plan.walk in GLUON_WALKS:
             walk_with_output(x, lay, x.h0, final, plan.walk)
         else:
             _state_and_output(x, fused_state_kernel if plan.fuse_output else state_kernel,

@@ -327,8 +327,8 @@ class ChunkWorkspace:
     final_state: Tensor | None  # [N, HV, K, V] fp32
     # the fused pipeline's groups (PipelineLayout): the state one group hands the next, two in turn, fp32
     handoff: Tensor | None = None  # [2, N, HV, K, V]
-    # beside warm-up segments: 1 for each walk (n * HV + h) whose decay is too slow for them (SegmentLayout)
-    slow_walks: Tensor | None = None  # [N * HV] int32
+    # beside warm-up segments: 1 for each segment and value head whose warm-up would be too long (SegmentLayout)
+    slow_marks: Tensor | None = None  # [segments, HV] int32
 
     @classmethod
     def allocate(cls, layout: ChunkLayout, q: Tensor, v: Tensor, *, stages: bool, raw_gate: bool,
@@ -352,7 +352,7 @@ class ChunkWorkspace:
             h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
             handoff=empty(2, layout.N, HV, K, V, dtype=torch.float32) if pipeline else None,
-            slow_walks=empty(layout.N * HV, dtype=torch.int32) if segments is not None else None,
+            slow_marks=empty(segments.layout.N, HV, dtype=torch.int32) if segments is not None else None,
         )
 
 

@@ -21,6 +21,7 @@ from .output import output_tile
 from .plan import SM90_LONG_WALK_MIN_CHUNKS
 from .sm90 import GLUON_WALKS
 from .tiles import load_qk, load_tile, sequence_bounds, store_tile
+from .warm_up import SlowWalks, slow_args, walk_is_slow
 
 _WARM_UP_LOG_DECAY: tl.constexpr = tl.constexpr(WARM_UP_LOG_DECAY)
 
@@ -71,7 +72,7 @@ STATE_CONFIGS = make_configs(STATE_CANDIDATES)
 
 @triton.jit
 def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets, seg_parent, parent_bounds,
-              slow_walks, scale, state_tier,
+              slow_marks, seg_offsets, scale, state_tier,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
               WARM_UP: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
@@ -81,8 +82,8 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
     # WARM_UP (each "sequence" is then a warm-up segment, see SegmentLayout): from zero, or from h0 at its
     # sequence's start (seg_parent: each segment's sequence, parent_bounds: the sequences' seq_bounds), the
     # chunks back to where the decay reaches _WARM_UP_LOG_DECAY walked first, state only; the last segment
-    # of a sequence stores its final state (ht). slow_walks (beside warm-up segments, warm_up.mark_slow_walks): the
-    # segments skip the walks marked in it, the whole sequences' walk (WARM_UP False) the others.
+    # of a sequence stores its final state (ht). slow_marks, seg_offsets (beside warm-up segments,
+    # warm_up.SlowWalks): the segments skip the walks marked slow, the whole sequences' walk (WARM_UP False) the others.
     # 1-D grid, a walk's V-blocks side by side: they read the same W and k tiles, which they then share in
     # L2 (with the V-block as a second grid axis, every walk's first block ran before any second one)
     NV: tl.constexpr = (V + BV - 1) // BV
@@ -100,8 +101,8 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
     if WARM_UP:
         i_n = tl.load(seg_parent + i_n).to(tl.int64)  # from here on: the sequence (h0, ht)
     skip = False
-    if slow_walks is not None:
-        slow = tl.load(slow_walks + i_n * HV + i_h) != 0
+    if slow_marks is not None:
+        slow = walk_is_slow(slow_marks, seg_offsets, i_n, i_h, HV)
         skip = slow if WARM_UP else slow == 0
         n_tok = tl.where(skip, 0, n_tok)
     if WARM_UP:
@@ -182,34 +183,34 @@ fused_state_kernel = TunedKernel(_state_fn, FUSED_STATE_CONFIGS, ["K", "V", "FUS
 
 def state_pass(x: Launch, kernel, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None,
                fuse: bool = False, h: Tensor | None = None, seg_parent: Tensor | None = None,
-               slow_walks: Tensor | None = None) -> None:
+               slow: SlowWalks | None = None) -> None:
     """(d) over the sequences of ``over`` from h0 (fp32, or zero), the final states to ht (or not
     stored); h: where the first block's entering state goes (default: the workspace's h, whose start
     is over's first block); seg_parent: each warm-up segment's sequence where over holds the segments of x.lay;
-    slow_walks (``warm_up.mark_slow_walks``): beside warm-up segments, which skip the walks it marks, the whole
+    slow (``warm_up.mark_slow_walks``): beside warm-up segments, which skip the walks it marks slow, the whole
     sequences walk only those."""
     ws = x.ws
     kernel[lambda meta: (over.N * x.HV * triton.cdiv(x.V, meta["BV"]),)](
         x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
-        over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, slow_walks, x.scale,
+        over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, *slow_args(slow), x.scale,
         state_tier(over.N, x.HV, x.V, over.max_len),
         USE_H0=h0 is not None, STORE_HT=ht is not None, FUSE_OUTPUT=fuse, WARM_UP=seg_parent is not None, SPAN=x.span,
         FROM_AI=not x.stages, **shape_constexprs(x))
 
 
 def walk_with_output(x: Launch, over: ChunkLayout, h0: Tensor | None, ht: Tensor | None, walk: str,
-                     segments: SegmentLayout | None = None, slow_walks: Tensor | None = None) -> None:
+                     segments: SegmentLayout | None = None, slow: SlowWalks | None = None) -> None:
     """The state pass with the output fused in, over the sequences of ``over`` from h0 (or zero), final states
     to ht (or not stored): the Triton walk or a Gluon one (``GLUON_WALKS[walk]``), over warm-up segments of
-    ``over`` where given (a Gluon walk with TAKES_WARM_UP_SEGMENTS); slow_walks as for ``state_pass``."""
+    ``over`` where given (a Gluon walk with TAKES_WARM_UP_SEGMENTS); slow as for ``state_pass``."""
     if walk in GLUON_WALKS:
         walked, over_segments = (over, {}) if segments is None else (segments.layout, {"segments": segments})
-        if slow_walks is not None:
-            over_segments["slow_walks"] = slow_walks
+        if slow is not None:
+            over_segments["slow"] = slow
         GLUON_WALKS[walk].fused_walk(x.q, x.k, x.v, x.ws.gc, x.ws.Ai, x.out, h0, ht, over.seq_bounds, over.N, x.scale,
                                      long_walk=walked.max_len >= SM90_LONG_WALK_MIN_CHUNKS * CHUNK, **over_segments)
     elif segments is None:
-        state_pass(x, fused_state_kernel, over, h0, ht, fuse=True, slow_walks=slow_walks)
+        state_pass(x, fused_state_kernel, over, h0, ht, fuse=True, slow=slow)
     else:
         state_pass(x, fused_state_kernel, segments.layout, h0, ht, fuse=True, seg_parent=segments.parent,
-                   slow_walks=slow_walks)
+                   slow=slow)

@@ -38,13 +38,14 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..layout import WALK_ROW, WALK_STORES_HT, WALK_TAKES_H0, WALK_WHOLE, WalkOrder
+from ..warm_up import SlowWalks, slow_args
 from .prep import unsupported as prep_unsupported
 from .walk import unsupported as walk_unsupported
 from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
     from .prep import exchange_buffer, solve_inverse
-    from .walk_transposed import chunk_tokens, state_offsets, store_output, warm_up_start
+    from .walk_transposed import chunk_tokens, state_offsets, store_output, walk_is_slow, warm_up_start
     from .gluon_hopper import (LOG2E, cta_barrier, exp2, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                unhoisted, warpgroup_mma, warpgroup_mma_wait)
 
@@ -178,7 +179,7 @@ if GLUON_MISSING is None:
         WARM_UP: the row holds the sequence's start, and the walk starts where the decay before its first output
         token runs out (``layout.WalkOrder``): found here, where a kernel of its own launched before this one did it
         (qwen3-next B=1 1.02-1.06x, H200)."""
-        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s, slow_walks = args
+        ring, made, d_s, descs, g, beta, o, h0, ht, scale, order, gate_s, slow = args
         kq_s, v_s, kq_ready, kq_free, walk_s = ring
         q_desc, k_desc, v_desc, _ = descs
         i = chunk_tokens(BT)  # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
@@ -187,8 +188,8 @@ if GLUON_MISSING is None:
             # segments skip the walks too slow for them (``warm_up.mark_slow_walks``), whole walks the others: a
             # skipped walk becomes one chunk of warm-up from zero that stores nothing, so that the prep and the
             # walkers, who learn its row with its first chunk, need no case of their own
-            slow = gl.load(slow_walks + walk) != 0
-            skip = (slow == ((flags & _WALK_WHOLE) == 0)).to(gl.int32)
+            whole = ((flags & _WALK_WHOLE) != 0).to(gl.int32)
+            skip = walk_is_slow(slow[0], slow[1], walk // HV, i_h, HV) ^ whole
             seq_bos = bos
             bos = warm_up_start(g, first, seq_bos + skip * (first - seq_bos), i_h, HV, BT, False)
             flags = (1 - skip) * (flags + (bos == seq_bos).to(gl.int32) * _WALK_TAKES_H0)
@@ -438,7 +439,7 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _specialized_kernel(q_desc, k_desc, v_desc, o_desc, o, g, beta, h0, ht, scale, order_counts, order_walks,
-                            order_chunks, order_period, order_flags, slow_walks,
+                            order_chunks, order_period, order_flags, slow_marks, seg_offsets,
                             H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                             BV: gl.constexpr, NA: gl.constexpr, NC: gl.constexpr,
                             USE_H0: gl.constexpr, STORE_HT: gl.constexpr, WARM_UP: gl.constexpr,
@@ -465,7 +466,7 @@ if GLUON_MISSING is None:
         walk_s = gl.allocate_shared_memory(gl.int32, [NA, 8], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
         ring = (kq_s, v_s, kq_ready, kq_free, walk_s)  # loaded by the loader warpgroup, read by the others
         args = (ring, made, d_s, (q_desc, k_desc, v_desc, o_desc), g, beta, o, h0, ht, scale,
-                (order_counts, order_walks, order_chunks, order_period, order_flags), gate_s, slow_walks)
+                (order_counts, order_walks, order_chunks, order_period, order_flags), gate_s, (slow_marks, seg_offsets))
         # constexprs listed in each partition's tuple: a tuple built apart turns them into tensors
         # the loader one warp on whole walks (Triton pads its warpgroup with warps that only give up their registers):
         # four warps each did the whole chunk's gates, with 14 barriers a chunk between them; over warm-up segments
@@ -483,14 +484,14 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, order: WalkOrder, scale: float, slow_walks: Tensor | None = None) -> None:
+                      ht: Tensor | None, order: WalkOrder, scale: float, slow: SlowWalks | None = None) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
     (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
-    h) from h0 (fp32 [N, HV, K, V], or zero). slow_walks: the walks are warm-up segments and whole sequences
-    (``SegmentLayout.walks``), whose warm-up starts the loader finds from g; the segments skip the walks marked in
-    slow_walks ([N * HV] int32, ``warm_up.mark_slow_walks``), the whole sequences the others. q, k [B, T, H, 128],
-    v, out [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
-    warm_up = slow_walks is not None
+    h) from h0 (fp32 [N, HV, K, V], or zero). slow: the walks are warm-up segments and whole sequences
+    (``SegmentLayout.walks``), whose warm-up starts the loader finds from g; the segments skip the walks it marks slow
+    (``warm_up.mark_slow_walks``), the whole sequences the others. q, k [B, T, H, 128], v, out [B, T, HV, 128],
+    g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
+    warm_up = slow is not None
     # the prep takes log2(scale): a scale of 0 or below runs as |scale| (or 1), and the output, linear in the scale
     # (the states do not see it), is scaled after
     run_scale = scale if scale > 0 else abs(scale) or 1.0
@@ -500,7 +501,7 @@ def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, 
              descriptor(v.view(tokens, HV * V), [BT, BV]), descriptor(out.view(tokens, HV * V), [BT, BV]))
     _specialized_kernel[(order.programs,)](
         *descs, out, g, beta, h0, ht, run_scale, order.counts, order.walks, order.program_chunks, *order.regular(HV),
-        slow_walks,
+        *slow_args(slow),
         H=H, HV=HV, K=K, V=V, BT=BT, BV=BV, NA=NA, NC=NC, USE_H0=h0 is not None, STORE_HT=ht is not None,
         WARM_UP=warm_up, WALK_REGS=WALK_REGS, PREP_REGS=PREP_REGS, LOAD_REGS=LOAD_REGS, num_warps=WARPS,
         maxnreg=MAX_REGS)

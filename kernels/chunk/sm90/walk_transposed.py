@@ -35,6 +35,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ..layout import WARM_UP_LOG_DECAY, SegmentLayout
+from ..warm_up import SlowWalks, slow_args
 from .walk import launch, unsupported
 from .gluon_hopper import GLUON_MISSING
 
@@ -212,18 +213,31 @@ if GLUON_MISSING is None:
         return start
 
     @gluon.jit
-    def _skipped(slow_walks, i_state, WARM_UP: gl.constexpr):
-        """1 where this program walks nothing, else 0 (int32): beside warm-up segments (``warm_up.mark_slow_walks``)
-        the segments skip the walks marked slow, the whole sequences the others."""
-        slow = gl.load(slow_walks + i_state) != 0
+    def walk_is_slow(marks, seg_offsets, i_n, i_h, HV: gl.constexpr):
+        """Whether the walk of sequence i_n, value head i_h is too slow for warm-up segments (``warm_up.SlowWalks``),
+        as int32 1 or 0."""
+        block: gl.constexpr = 32 * gl.num_warps()
+        s = gl.arange(0, block, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
+        lo = gl.load(seg_offsets + i_n)
+        hi = gl.load(seg_offsets + i_n + 1)
+        slow = gl.to_tensor(0)
+        for s0 in range(lo, hi, block):
+            slow = gl.maximum(slow, gl.max(gl.load(marks + (s0 + s) * HV + i_h, mask=s0 + s < hi, other=0), axis=0))
+        return slow
+
+    @gluon.jit
+    def _skipped(slow_marks, seg_offsets, i_state, HV: gl.constexpr, WARM_UP: gl.constexpr):
+        """1 where this program walks nothing, else 0 (int32): beside warm-up segments the segments skip the walks
+        marked slow, the whole sequences the others."""
+        slow = walk_is_slow(slow_marks, seg_offsets, i_state // HV, i_state % HV, HV)
         if WARM_UP:
-            return slow.to(gl.int32)
+            return slow
         else:
-            return (slow == 0).to(gl.int32)
+            return 1 - slow
 
     @gluon.jit
     def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale, seg_parent,
-                           parent_bounds, slow_walks, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                           parent_bounds, slow_marks, seg_offsets, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                            BV: gl.constexpr, BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            LONG_WALK: gl.constexpr, WARM_UP: gl.constexpr):
         NB: gl.constexpr = 2 if LONG_WALK else 1  # v and Ai buffers (q and k: 2)
@@ -232,8 +246,8 @@ if GLUON_MISSING is None:
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
         i_state, seq_bos, _ = _state_of_walk(i_nh, i_h, first, eos, seg_parent, parent_bounds, HV, WARM_UP)
         skip = 0
-        if slow_walks is not None:
-            skip = _skipped(slow_walks, i_state, WARM_UP)
+        if slow_marks is not None:
+            skip = _skipped(slow_marks, seg_offsets, i_state, HV, WARM_UP)
         bos = first
         if WARM_UP:  # from a few chunks before the segment
             bos = warm_up_start(gc, first, seq_bos + skip * (first - seq_bos), i_h, HV, BT, True)
@@ -282,27 +296,27 @@ if GLUON_MISSING is None:
         if STORE_HT:  # computed anew (+ min(NT, 0) = 0): kept from the start, these spill the walk
             i_state, _, to_ht = _state_of_walk(i_nh + gl.minimum(NT, 0), i_h, first, eos, seg_parent, parent_bounds, HV,
                                                WARM_UP)
-            if slow_walks is not None:
-                to_ht = to_ht & (_skipped(slow_walks, i_state, WARM_UP) == 0)
+            if slow_marks is not None:
+                to_ht = to_ht & (_skipped(slow_marks, seg_offsets, i_state, HV, WARM_UP) == 0)
             if to_ht:
                 gl.store(ht + state_offsets(i_state, i_v, K, V, BV, mma_s), S)
 
 
 def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
                ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
-               segments: SegmentLayout | None = None, slow_walks: Tensor | None = None) -> None:
+               segments: SegmentLayout | None = None, slow: SlowWalks | None = None) -> None:
     """``walk.fused_walk``'s call and result. long_walk: v and Ai tiles two chunks ahead (16 KB
     more shared memory). segments: warm-up segments (``layout.SegmentLayout``) of the N sequences
     of seq_bounds, walked instead of whole sequences, each from a few chunks before it (its outputs only).
-    slow_walks ([N * HV] int32, ``warm_up.mark_slow_walks``): segments skip the walks it marks, whole sequences
-    walk only those."""
+    slow (``warm_up.mark_slow_walks``): segments skip the walks it marks slow, whole sequences walk only those."""
+    slow_marks, seg_offsets = slow_args(slow)
     if segments is None:
         launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk,
-               seg_parent=None, parent_bounds=None, slow_walks=slow_walks, WARM_UP=False)
+               seg_parent=None, parent_bounds=None, slow_marks=slow_marks, seg_offsets=seg_offsets, WARM_UP=False)
     else:
         launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, segments.layout.seq_bounds, segments.layout.N,
-               scale, long_walk, seg_parent=segments.parent, parent_bounds=seq_bounds, slow_walks=slow_walks,
-               WARM_UP=True)
+               scale, long_walk, seg_parent=segments.parent, parent_bounds=seq_bounds, slow_marks=slow_marks,
+               seg_offsets=seg_offsets, WARM_UP=True)
 
 
 def describe() -> str:
