@@ -73,14 +73,16 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
         layout = chunk.ChunkLayout.build(q.shape[0], q.shape[1], kw.get("cu_seqlens"), q.device)
         # warm-up: segments of one chunk from a warm-up walk (its output always fused in): one chunk back under
         # strong decay, back to the sequence's start (and its h0) under weak decay
-        segments = {"warm-up": chunk.SegmentLayout.build(layout, case["segment_chunks"])}
+        # warm-up-whole: the same beside whole walks, which take the walks whose decay is too slow for the segments
+        segments = {"warm-up": chunk.SegmentLayout.build(layout, case["segment_chunks"]),
+                    "warm-up-whole": chunk.SegmentLayout.build(layout, case["segment_chunks"], whole_walks=True)}
         # pairs: the output pass over pairs of chunks (the output never fused in); pipe: that, pipelined in
         # groups of two chunks of every sequence; pipe-out: pipelined with the output fused into the walk
-        variants = (("chunk", True), ("fused", False), ("warm-up", False), ("pairs", False),
+        variants = (("chunk", True), ("fused", False), ("warm-up", False), ("warm-up-whole", False), ("pairs", False),
                     ("pipe", False), ("pipe-out", False))
         for variant, stages in variants:
             span = 2 if variant in ("pairs", "pipe") else 1
-            fuse = (variant == "fused" and case["fuse_output"]) or variant in ("pipe-out", "warm-up")
+            fuse = (variant == "fused" and case["fuse_output"]) or variant in ("pipe-out", "warm-up", "warm-up-whole")
             try:
                 pipe = chunk.PipelineLayout.build(layout, 2) if variant.startswith("pipe") else None
                 ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=stages, raw_gate="a" in kw, fuse_output=fuse,
@@ -188,7 +190,8 @@ def _guarded_runs(chunk) -> dict:
                 # warm-up reruns the state pass's kernel over segments: its block widths are the other
                 # variants' rounds, so one round of it covers the warm-up walk, which reads before its segments
                 variants = (("chunk", True, False), ("fused", False, False), ("fused-out", False, True),
-                            ("fused-pairs", False, False), *([("warm-up", False, True)] if i == 0 else []))
+                            ("fused-pairs", False, False),
+                            *([("warm-up", False, True), ("warm-up-whole", False, True)] if i == 0 else []))
                 for variant, stages, fuse in variants:
                     bufs.clear()
                     span = 2 if variant == "fused-pairs" else 1
@@ -202,10 +205,11 @@ def _guarded_runs(chunk) -> dict:
                                                  pair_offsets=guarded(x.pair_offsets))
 
                     lay = guarded_layout(lay0)
-                    segs = None if variant != "warm-up" else chunk.SegmentLayout(
+                    segs = None if not variant.startswith("warm-up") else chunk.SegmentLayout(
                         chunks=1, layout=guarded_layout(seg0.layout), seg_offsets=guarded(seg0.seg_offsets),
                         parent=guarded(seg0.parent), parent_bounds=guarded(seg0.parent_bounds),
-                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans)
+                        sequences=seg0.sequences, sequence_spans=seg0.sequence_spans,
+                        whole_walks=variant == "warm-up-whole")
                     args = {name: guarded(x) if isinstance(x, torch.Tensor) and name != "cu_seqlens" else x
                             for name, x in kw.items()}
                     args["cu_seqlens"] = None if kw.get("cu_seqlens") is None else guarded(kw["cu_seqlens"])
@@ -220,7 +224,8 @@ def _guarded_runs(chunk) -> dict:
                         v_new=None if fuse else guarded(shape=(BT, HV, V), dtype=dt),
                         h=None if fuse else guarded(shape=(lay.blocks(span)[0], HV, K, V), dtype=dt),
                         final_state=guarded(shape=(lay.N, HV, K, V), dtype=f32),
-                        slow_marks=None if segs is None else guarded(shape=(seg0.layout.N, HV), dtype=torch.int32))
+                        slow_marks=guarded(shape=(seg0.layout.N, HV), dtype=torch.int32)
+                        if variant == "warm-up-whole" else None)
                     out = guarded(shape=v.shape, dtype=dt)
                     common = dict(layout=lay, out=out, workspace=ws)
                     if variant == "chunk":
@@ -332,7 +337,7 @@ def references(kw: dict):
     return o, final, chunk_intermediates(kw["q"], kw["k"], kw["v"], g, beta, **common)
 
 
-@pytest.mark.parametrize("variant", ["chunk", "fused", "warm-up", "pairs", "pipe", "pipe-out"])
+@pytest.mark.parametrize("variant", ["chunk", "fused", "warm-up", "warm-up-whole", "pairs", "pipe", "pipe-out"])
 @pytest.mark.parametrize("name", list(BY_NAME))
 def test_kernel_matches_the_references(interpreted, name, variant):
     case = BY_NAME[name]
@@ -361,7 +366,7 @@ def test_kernel_matches_the_references(interpreted, name, variant):
     flat = {"gc": ref.gc, "Ai": ref.A_inv if variant == "chunk" else ref.A_inv_beta, "W": ref.W, "U": ref.U,
             "v_new": ref.v_new}
     expect = {"gc", "Ai"} | ({"W", "U"} if variant == "chunk" else set())
-    if not (variant == "fused" and case["fuse_output"]) and variant not in ("pipe-out", "warm-up"):
+    if not (variant == "fused" and case["fuse_output"]) and variant not in ("pipe-out", "warm-up", "warm-up-whole"):
         expect |= {"v_new", "h"}
     assert {s for s in STAGES if got[s] is not None} == expect
     for stage in expect - {"h"}:
@@ -398,7 +403,8 @@ def test_walks_too_slow_for_warm_up_segments_are_marked(interpreted, name):
     expected = [[int(first - window > start and flat[first - window:first, h].sum() > chunk.layout.WARM_UP_LOG_DECAY)
                  for h in range(HV)]
                 for start, end in zip(bounds, bounds[1:]) for first in range(start, end, window) or [start]]
-    assert interpreted[(name, "warm-up")]["slow_marks"].tolist() == expected
+    assert interpreted[(name, "warm-up-whole")]["slow_marks"].tolist() == expected
+    assert interpreted[(name, "warm-up")]["slow_marks"] is None  # no whole walks, no marks
 
 
 def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
@@ -406,7 +412,7 @@ def test_no_kernel_touches_memory_outside_its_tensors(interpreted):
     from gdnbench_kernels import chunk
 
     guards = interpreted["guards"]
-    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk) * 4 + 1)
+    assert guards["runs"] == len(GUARD_CASES) * (guard_rounds(chunk) * 4 + 2)  # the warm-up variants once
     assert guards["problems"] == {}
 
 

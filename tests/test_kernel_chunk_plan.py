@@ -136,9 +136,10 @@ def test_a_regular_first_round_is_told_apart():
     assert padded.walk_order(2, 12).regular(2) == (0, 0)  # programs 10 and 11 have no walk
     one_each = SegmentLayout.build(padded, 3).walks(2, 4)
     assert one_each.regular(2) == (130, 2)  # a segment that ends its sequence stores ht; the kernel finds h0
-    # sequences of two segments: their whole walks lead, regular too
-    assert SegmentLayout.build(padded, 2).walks(2, 4).regular(2) == (130, WALK_STORES_HT | WALK_WHOLE)
-    assert SegmentLayout.build(padded, 2).walks(2, 12).regular(2) == (0, 0)  # programs 10, 11: a second segment
+    assert SegmentLayout.build(padded, 2).walks(2, 4).regular(2) == (0, 0)  # a sequence's second
+    # beside whole walks, sequences of two segments: their whole walks lead, regular too
+    assert SegmentLayout.build(padded, 2, True).walks(2, 4).regular(2) == (130, WALK_STORES_HT | WALK_WHOLE)
+    assert SegmentLayout.build(padded, 2, True).walks(2, 12).regular(2) == (0, 0)  # programs 10, 11: a segment
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 130, 260, 390]), CPU)  # equal, but longest first: in order
     assert varlen.walk_order(1, 3).regular(1) == (130, 3)
     varlen = ChunkLayout.build(1, 390, torch.tensor([0, 100, 260, 390]), CPU)
@@ -166,25 +167,26 @@ def test_segments_cut_each_sequence_at_chunk_boundaries():
         chunk.chunk_fused_gdn(**kw, layout=lay, segments=chunk.SegmentLayout.build(other, 2))
 
 
+@pytest.mark.parametrize("whole_walks", [True, False])
 @pytest.mark.parametrize("chunks", [1, 2, 3])
-def test_warm_up_segments_walk_from_their_sequences_start(chunks):
+def test_warm_up_segments_walk_from_their_sequences_start(chunks, whole_walks):
     """SegmentLayout.walks: each segment and head once, as its sequence's walk (n * heads + h) from the sequence's
     start, where the kernel finds its warm-up start, outputting from the segment's first token, with ht only where it
     ends its sequence and h0 left to the kernel; dealt as its chunks and one of warm-up but on a sequence's first;
-    an empty sequence's walks dealt to no program but listed apart; the whole walks of each sequence of two segments
-    or more (WALK_WHOLE), one a program, each its program's first and outside the balance."""
+    an empty sequence's walks dealt to no program but listed apart; with whole_walks, the whole walks of each sequence
+    of two segments or more (WALK_WHOLE), one a program, each its program's first and outside the balance."""
     from gdnbench_kernels import chunk
 
     lengths = [200, 0, 64, 300]  # chunks 4, 0, 1, 5
     layout = chunk.ChunkLayout.build(1, sum(lengths), torch.tensor([0, *itertools.accumulate(lengths)]), CPU)
-    segments = chunk.SegmentLayout.build(layout, chunks)
+    segments = chunk.SegmentLayout.build(layout, chunks, whole_walks)
     heads, programs = 2, 3
     order = segments.walks(heads, programs)
     assert segments.walks(heads, programs) is order
     mine = [[tuple(order.walks[i * programs + p].tolist()) for i in range(order.counts[p])] for p in range(programs)]
     whole_flags = chunk.layout.WALK_STORES_HT | chunk.layout.WALK_WHOLE
     whole = [(n * heads + h, start, start, end, whole_flags) for n, (start, end) in enumerate(layout.spans)
-             if end - start > chunks * chunk.CHUNK for h in range(heads)]
+             if whole_walks and end - start > chunks * chunk.CHUNK for h in range(heads)]
     assert [walks[0] for walks in mine if walks[0][4] == whole_flags] == whole[:programs]  # first, in turn
     assert sum(walk[4] == whole_flags for walks in mine for walk in walks[1:]) == max(len(whole) - programs, 0)
     expected = list(whole)
@@ -472,3 +474,19 @@ def test_a_workspace_must_fit_the_variant():
     assert fused_ws.W is None and fused_ws.h is None and fused_ws.final_state.shape == (2, 2, 64, 64)
     with pytest.raises(ValueError, match=r"missing \['W', 'U', 'h', 'v_new'\]"):
         chunk.chunk_gdn(**kw, layout=lay, workspace=fused_ws)
+
+
+@pytest.mark.parametrize("T,whole_walks", [(16384, True), (4096, True), (2048, False)])
+def test_whole_walks_beside_warm_up_segments_only_on_long_walks(T, whole_walks, monkeypatch):
+    """default_plan on a faked H100 (132 SMs): warm-up segments beside whole walks (SegmentLayout.whole_walks) where
+    the longest walk has WHOLE_WALKS_MIN_CHUNKS chunks or more; below, warm-ups as long as the decay needs."""
+    from gdnbench_kernels import chunk
+
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
+    warm_up_default = chunk.plan.warm_up_default
+    monkeypatch.setattr(chunk.plan, "warm_up_default", lambda *a: warm_up_default(*a[:3], torch.device("cuda")))
+    layout = chunk.ChunkLayout.build(1, T, None, CPU)
+    q = torch.empty(1, T, 4, 128)
+    plan = chunk.plan.default_plan(layout, q, q, 128, 8, raw_gate=False, qk_l2norm=False)
+    assert plan.segments is not None and plan.segments.whole_walks == whole_walks
+    assert (T // chunk.CHUNK >= chunk.plan.WHOLE_WALKS_MIN_CHUNKS) == whole_walks

@@ -58,10 +58,11 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-@pytest.mark.parametrize("dtype,h0,warm_up", [("bf16", True, True), ("fp16", False, False)])
-def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, warm_up):
+@pytest.mark.parametrize("dtype,h0,warm_up,whole_walks", [("bf16", True, True, True), ("bf16", True, True, False),
+                                                           ("fp16", False, False, False)])
+def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, warm_up, whole_walks):
     """Four warpgroups (two walkers, the prep, the loader) whose registers setmaxnreg splits, and shared memory for
-    one program per SM (227 KB on sm_90); over whole sequences and over warm-up segments."""
+    one program per SM (227 KB on sm_90); over whole sequences and over warm-up segments, beside whole walks or not."""
     from gdnbench_kernels.chunk.sm90 import specialized as spec
     from gdnbench_kernels.chunk.sm90.gluon_hopper import GLUON_MISSING
 
@@ -74,8 +75,8 @@ def test_specialized_kernel_compiles_for_sm90_in_one_program_per_sm(dtype, h0, w
     const = dict(H=2, HV=4, K=128, V=128, BT=spec.BT, BV=spec.BV, NA=spec.NA, NC=spec.NC, USE_H0=h0,
                  STORE_HT=h0, WARM_UP=warm_up, WALK_REGS=spec.WALK_REGS, PREP_REGS=spec.PREP_REGS,
                  LOAD_REGS=spec.LOAD_REGS)
-    slow = {"slow_marks": "*i32", "seg_offsets": "*i32"} if warm_up else {}  # segments and whole walks: the marks
-    if not warm_up:
+    slow = {"slow_marks": "*i32", "seg_offsets": "*i32"} if whole_walks else {}  # beside whole walks: the marks
+    if not whole_walks:
         const.update(slow_marks=None, seg_offsets=None)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, spec.BV]), o_desc=desc([64, spec.BV]),
                o=f"*{dtype}", g="*fp32", beta=f"*{dtype}", h0="*fp32", ht="*fp32", scale="fp32", order_counts="*i32",
@@ -393,11 +394,13 @@ def test_specialized_kernel_takes_any_scale(scale):
 @pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
 @pytest.mark.parametrize("h0", [True, False])  # without: every segment starts from S = 0
 @pytest.mark.parametrize("programs", [None, 7])  # 7: the specialized kernel's programs take 5 or 6 walks each
-def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0, programs, monkeypatch):
-    """The transposed Gluon walk and the warp-specialized kernel over warm-up segments of 4 chunks (outputs and
-    final states; h0, if given, only where a warm-up reaches its sequence's start) against the Triton walk over the
-    same segments and against the fp64 recurrence, replayed from a CUDA graph on NaN-poisoned outputs. Unequal
-    sequences, one empty. programs: that many SMs, so that each of the specialized kernel's programs finds the
+@pytest.mark.parametrize("whole_walks", [True, False])  # beside whole walks, or warm-ups as long as the decay needs
+def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0, programs, whole_walks,
+                                                       monkeypatch):
+    """The transposed Gluon walk and the warp-specialized kernel over warm-up segments of 4 chunks, with or without
+    whole walks beside them (outputs and final states; h0, if given, only where a warm-up reaches its sequence's
+    start) against the Triton walk over the same segments and against the fp64 recurrence, replayed from a CUDA graph
+    on NaN-poisoned outputs. Unequal sequences, one empty. programs: that many SMs, so that each of the specialized kernel's programs finds the
     warm-up starts of many walks in turn."""
     from gdnbench_kernels import chunk
 
@@ -414,7 +417,7 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     kw["initial_state"] = torch.randn(N, HV, 128, 128, generator=gen) if h0 else None
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
-    segments = chunk.SegmentLayout.build(layout, 4)
+    segments = chunk.SegmentLayout.build(layout, 4, whole_walks)
     results = {}
     for walk in (gluon_walk, "triton"):
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
@@ -442,5 +445,6 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     empty = cpu["initial_state"][1].double() if h0 else torch.zeros_like(f[1])
     assert torch.equal(f[1], empty)  # the empty sequence keeps its initial state
     slow = {1.0: [0] * HV, 10.0: [1] * HV, "mixed": [0, 1] * (HV // 2)}[gate_norm]  # the long sequences' walks
-    marks, offsets = ws.slow_marks.cpu(), segments.seg_offsets.tolist()
-    assert [marks[offsets[n]:offsets[n + 1]].amax(0).tolist() for n in (0, 3)] == [slow, slow]
+    if whole_walks:
+        marks, offsets = ws.slow_marks.cpu(), segments.seg_offsets.tolist()
+        assert [marks[offsets[n]:offsets[n + 1]].amax(0).tolist() for n in (0, 3)] == [slow, slow]

@@ -157,19 +157,21 @@ def chunk_fused_gdn(
                        out=out, workspace=workspace, stages=False, fuse_output=plan.fuse_output,
                        segments=plan.segments, output_span=plan.output_span, pipeline=plan.pipeline is not None)
     final = x.ws.final_state if output_final_state else None
+    whole_walks = plan.segments is not None and plan.segments.whole_walks
     if plan.pipeline is not None:
         run_pipelined(x, plan.pipeline, plan.fuse_output, output_final_state, plan.walk, plan.prep)
     elif plan.walk == SPECIALIZED:  # whole walks in the same launch (SegmentLayout.walks)
         sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final,
                                            specialized_order(lay, x.HV, q.device, plan.segments), x.scale,
-                                           slow=None if plan.segments is None else mark_slow_walks(x, plan.segments))
-    elif plan.segments is not None:
+                                           warm_up=plan.segments is not None,
+                                           slow=mark_slow_walks(x, plan.segments) if whole_walks else None)
+    elif whole_walks:
         _walk_segments(x, plan.prep, plan.segments,
                        lambda slow, segments: walk_with_output(x, lay, x.h0, final, plan.walk, segments, slow))
     else:
         run_prep(x, lay, plan.prep)
-        if plan.walk in GLUON_WALKS:
-            walk_with_output(x, lay, x.h0, final, plan.walk)
+        if plan.walk in GLUON_WALKS or plan.segments is not None:
+            walk_with_output(x, lay, x.h0, final, plan.walk, plan.segments)
         else:
             _state_and_output(x, fused_state_kernel if plan.fuse_output else state_kernel,
                               fuse_output=plan.fuse_output, output_final_state=output_final_state)
@@ -182,6 +184,7 @@ def describe(plan: ChunkPlan) -> str:
         return "gate, kkt+solve, wu, " + _passes(state_kernel, fuse_output=False, output_span=1)
     kernels = "gate+kkt+solve in one, W/U in the state pass" + (
         f", state pass over warm-up segments of {plan.segments.chunks} chunks" if plan.segments else "") + (
+        " beside whole walks of the heads too slow for them" if plan.segments and plan.segments.whole_walks else "") + (
         f", pipelined in groups of {plan.pipeline.chunks} chunks" if plan.pipeline else "")
     if plan.walk == SPECIALIZED:
         return f"{kernels}, {sm90_specialized.describe()}"

@@ -79,12 +79,12 @@ def prepare_launch(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tens
     missing = [name for name, need in (("W", stages), ("U", stages), ("beta", stages and a is not None),
                                        ("h", not fuse_output), ("v_new", not fuse_output),
                                        ("final_state", output_final_state), ("handoff", pipeline),
-                                       ("slow_marks", segments is not None))
+                                       ("slow_marks", segments is not None and segments.whole_walks))
                if need and getattr(ws, name) is None]
     if missing or ws.Ai.shape != (B * T, HV, CHUNK) or ws.Ai.dtype != q.dtype or \
             (stages and (ws.W.shape != (B * T, HV, K) or ws.U.shape != (B * T, HV, V))) or \
             (not fuse_output and ws.h.shape[0] != lay.blocks(output_span)[0]) or \
-            (segments is not None and ws.slow_marks.shape != (segments.layout.N, HV)):
+            (segments is not None and segments.whole_walks and ws.slow_marks.shape != (segments.layout.N, HV)):
         raise ValueError(f"workspace does not fit this call (missing {missing})" if missing
                          else "workspace was allocated for another problem size or dtype")
     out = output_buffer(out, q, B, T, HV, V)

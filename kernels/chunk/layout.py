@@ -219,10 +219,11 @@ class SegmentLayout:
     Each segment walks, state only, the chunks before it back to where their decay reaches
     exp(WARM_UP_LOG_DECAY) (or its sequence's start, from h0), then its own chunks with the outputs. The state
     this leaves out is scaled by at most exp(WARM_UP_LOG_DECAY) (unit-norm keys); where decay is strong one
-    chunk suffices (docs/decisions/0018-warm-up-segments.md). Where a (sequence, value head)'s decay is too slow
-    for some segment's warm-up to end within ``chunks`` chunks, its segments are skipped and its whole sequence is
-    walked instead: the kernels decide on the device, from the gates (``warm_up.mark_slow_walks``), so a warm-up
-    costs at most one segment's length and the call no host sync (docs/decisions/0022-slow-decay-walks.md).
+    chunk suffices (docs/decisions/0018-warm-up-segments.md). With ``whole_walks``, where a (sequence, value head)'s
+    decay is too slow for some segment's warm-up to end within ``chunks`` chunks, its segments are skipped and its
+    whole sequence is walked instead: the kernels decide on the device, from the gates (``warm_up.mark_slow_walks``),
+    so a warm-up costs at most one segment's length and the call no host sync; without, a warm-up reaches back as far
+    as the decay needs, to the sequence's start where there is none (docs/decisions/0022-slow-decay-walks.md).
     Built on the host once, outside any timed call.
     """
 
@@ -233,10 +234,11 @@ class SegmentLayout:
     parent_bounds: Tensor  # the sequences' ChunkLayout.seq_bounds
     sequences: tuple[int, ...]  # parent's, on the host
     sequence_spans: tuple[tuple[int, int], ...]  # parent_bounds', on the host
+    whole_walks: bool = False  # the walks too slow for the segments walked whole beside them
     _walks: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def build(cls, layout: ChunkLayout, chunks: int) -> SegmentLayout:
+    def build(cls, layout: ChunkLayout, chunks: int, whole_walks: bool = False) -> SegmentLayout:
         if chunks < 1:
             raise ValueError(f"a segment needs at least one chunk, got {chunks}")
         span, device = chunks * CHUNK, layout.seq_bounds.device
@@ -249,14 +251,14 @@ class SegmentLayout:
         return cls(chunks=chunks, layout=ChunkLayout.from_spans(seg_spans, layout.tokens, device),
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
                    parent=torch.tensor(sequences, dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
-                   sequences=tuple(sequences), sequence_spans=layout.spans)
+                   sequences=tuple(sequences), sequence_spans=layout.spans, whole_walks=whole_walks)
 
     def walks(self, heads: int, programs: int) -> WalkOrder:
         """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence
         n's walk n * heads + h) dealt to ``programs`` persistent programs, each as the chunks it is expected to walk
         (``warm_up_loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on
-        programs of 7 chunks, where 5 suffice), and the whole walks (WALK_WHOLE) of each sequence cut in two or more,
-        one a program, first; built on first use and kept."""
+        programs of 7 chunks, where 5 suffice), and with ``whole_walks`` the whole walks (WALK_WHOLE) of each sequence
+        cut in two or more, one a program, first; built on first use and kept."""
         key = heads, programs
         if key not in self._walks:
             rows = []
@@ -265,7 +267,8 @@ class SegmentLayout:
                 rows += [(n * heads + h, start, first, end, WALK_STORES_HT if end == last else 0) for h in range(heads)]
             loads = warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in self.sequence_spans], self.chunks)
             whole = [(n * heads + h, start, start, end, WALK_STORES_HT | WALK_WHOLE)
-                     for n, (start, end) in enumerate(self.sequence_spans) if end - start > self.chunks * CHUNK
+                     for n, (start, end) in enumerate(self.sequence_spans)
+                     if self.whole_walks and end - start > self.chunks * CHUNK
                      for h in range(heads)]  # a sequence of one segment needs no warm-up
             self._walks[key] = WalkOrder.deal(rows, [load for load in loads for _ in range(heads)], programs,
                                               self.parent.device, drop_empty=True, lead=whole)
@@ -352,7 +355,7 @@ class ChunkWorkspace:
             h=None if fuse_output else empty(layout.blocks(output_span)[0], HV, K, V),
             final_state=empty(layout.N, HV, K, V, dtype=torch.float32) if final_state else None,
             handoff=empty(2, layout.N, HV, K, V, dtype=torch.float32) if pipeline else None,
-            slow_marks=empty(segments.layout.N, HV, dtype=torch.int32) if segments is not None else None,
+            slow_marks=empty(segments.layout.N, HV, dtype=torch.int32) if segments and segments.whole_walks else None,
         )
 
 

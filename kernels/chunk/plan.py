@@ -84,6 +84,12 @@ WARM_UP_MIN_SEGMENTS = 3  # of the longest walk
 WARM_UP_PROGRAMS_PER_SM = 2
 
 
+# Beside warm-up segments, the walks whose decay is too slow for them walked whole (SegmentLayout.whole_walks) where
+# the longest walk is this long: there a weak decay made warm-ups cost 6-33x, short walks paid the marks' launches
+# instead (docs/decisions/0022-slow-decay-walks.md).
+WHOLE_WALKS_MIN_CHUNKS = 64
+
+
 def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None, walk: str = "triton") -> str:
     """Which prep kernel a call runs: "sm90" (sm90_prep, Gluon) where it can, else "triton" (None: the
     default); raises ValueError for "sm90" where it cannot. With walk=SPECIALIZED the walk's own kernel does
@@ -336,7 +342,8 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
         return STAGES_PLAN
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
         segment_chunks = plan_segments(layout, q, V, HV, qk_l2norm, raw_gate)
-    segments = SegmentLayout.build(layout, segment_chunks) if segment_chunks else None
+    whole_walks = triton.cdiv(layout.max_len, CHUNK) >= WHOLE_WALKS_MIN_CHUNKS
+    segments = SegmentLayout.build(layout, segment_chunks, whole_walks) if segment_chunks else None
     plan = make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep,
                      fuse_output=fuse_output, output_span=output_span, segments=segments)
     if pipeline_chunks is None:

@@ -185,11 +185,13 @@ if GLUON_MISSING is None:
         i = chunk_tokens(BT)  # one token a thread, or two where the loader is one warp (``_specialized_kernel``)
         walk, i_h, bos, first, eos, NT, flags = bounds
         if WARM_UP:
-            # segments skip the walks too slow for them (``warm_up.mark_slow_walks``), whole walks the others: a
-            # skipped walk becomes one chunk of warm-up from zero that stores nothing, so that the prep and the
-            # walkers, who learn its row with its first chunk, need no case of their own
-            whole = ((flags & _WALK_WHOLE) != 0).to(gl.int32)
-            skip = walk_is_slow(slow[0], slow[1], walk // HV, i_h, HV) ^ whole
+            # beside whole walks, segments skip the walks too slow for them (``warm_up.mark_slow_walks``), whole walks
+            # the others: a skipped walk becomes one chunk of warm-up from zero that stores nothing, so that the prep
+            # and the walkers, who learn its row with its first chunk, need no case of their own
+            skip = 0
+            if slow[0] is not None:
+                whole = ((flags & _WALK_WHOLE) != 0).to(gl.int32)
+                skip = walk_is_slow(slow[0], slow[1], walk // HV, i_h, HV) ^ whole
             seq_bos = bos
             bos = warm_up_start(g, first, seq_bos + skip * (first - seq_bos), i_h, HV, BT, False)
             flags = (1 - skip) * (flags + (bos == seq_bos).to(gl.int32) * _WALK_TAKES_H0)
@@ -484,14 +486,14 @@ def unsupported(q: Tensor, V: int, raw_gate: bool, qk_l2norm: bool) -> str | Non
 
 
 def chunk_specialized(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, out: Tensor, h0: Tensor | None,
-                      ht: Tensor | None, order: WalkOrder, scale: float, slow: SlowWalks | None = None) -> None:
+                      ht: Tensor | None, order: WalkOrder, scale: float, warm_up: bool = False,
+                      slow: SlowWalks | None = None) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the walks of ``order``
     (``ChunkLayout.walk_order(HV, programs)``, one program per SM at most; walk n * HV + h: sequence n, value head
-    h) from h0 (fp32 [N, HV, K, V], or zero). slow: the walks are warm-up segments and whole sequences
-    (``SegmentLayout.walks``), whose warm-up starts the loader finds from g; the segments skip the walks it marks slow
-    (``warm_up.mark_slow_walks``), the whole sequences the others. q, k [B, T, H, 128], v, out [B, T, HV, 128],
-    g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
-    warm_up = slow is not None
+    h) from h0 (fp32 [N, HV, K, V], or zero). warm_up: the walks are warm-up segments (``SegmentLayout.walks``), whose
+    warm-up starts the loader finds from g; with slow, whole sequences beside them, and the segments skip the walks it
+    marks slow (``warm_up.mark_slow_walks``), the whole sequences the others. q, k [B, T, H, 128], v, out
+    [B, T, HV, 128], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
     # the prep takes log2(scale): a scale of 0 or below runs as |scale| (or 1), and the output, linear in the scale
     # (the states do not see it), is scaled after
     run_scale = scale if scale > 0 else abs(scale) or 1.0
