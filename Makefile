@@ -4,7 +4,7 @@ PIP ?= $(PYTHON) -m pip
 # A CPU-only machine takes this CPU build; on a GPU machine install a CUDA torch first (it is kept).
 TORCH ?= torch==2.13.0
 
-.PHONY: install test test-gpu bench list status clean
+.PHONY: install test test-gpu bench envelope list status clean
 
 install:
 	$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install "$(TORCH)"
@@ -22,6 +22,10 @@ test-gpu:
 
 bench:
 	gdnbench run smoke
+
+# On a GPU: every bundled path beside every installed peer across the kernels' envelope (suites/envelope.yaml)
+envelope:
+	gdnbench run envelope
 
 list:
 	gdnbench list

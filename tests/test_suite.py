@@ -141,3 +141,22 @@ def test_baseline_per_op():
         suite(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline={"decode": "torch.nope"})
     with pytest.raises(SuiteError, match="baseline"):
         suite(cases=[{"B": 1, "T": 8}], backends=["torch.chunk"], baseline={"verify": "torch.chunk"})
+
+
+def test_envelope_suite_spans_the_bundled_kernels_envelope():
+    """suites/envelope.yaml: GVA ratios that are not powers of two, K != V, head dims 64 to 256, the three input
+    dtypes, prefill of 1 to 65536 tokens a sequence, packs of 16 and 256 sequences, the gate regimes on the long
+    prefills, decode on fp32 and bf16 pools; every bundled path and the peers listed."""
+    envelope = load_suite("envelope")
+    cases = envelope.cases
+    prefill = [c for c in cases if c.op == "prefill"]
+    assert any((c.HV // c.H) & (c.HV // c.H - 1) for c in cases)  # a ratio that is not a power of two
+    assert any(c.K != c.V for c in cases) and {64, 256} <= {c.K for c in cases}
+    assert {"bf16", "fp16", "fp32"} == {c.dtype for c in cases}
+    padded = [c.T for c in prefill if c.mode == "padded" and c.B == 1]
+    assert min(padded) == 1 and max(padded) == 65536
+    assert {16, 256} <= {c.N for c in prefill if c.mode == "varlen"}
+    assert {(float("inf"), float("inf")), (1, 100000), None} <= {c.half_life for c in prefill if c.T == 16384}
+    assert {"fp32", "bf16"} == {c.state_dtype for c in cases if c.op == "decode"}
+    assert {"triton.chunk_fused", "triton.chunk", "triton.recurrent", "fla.chunk", "flashinfer.prefill",
+            "flashqla.chunk", "flashinfer.decode"} <= set(envelope.backends)
