@@ -3,7 +3,8 @@
 One section per GPU, one table per tracked baseline: a row per case, a column per backend holding its median
 (us) or its status when it has no time, and the ratio of the fastest peer's median to the fastest bundled
 kernel's (above 1: a bundled kernel leads). Each table says what produced it (commit, date, versions, command),
-read from the baseline's ``run.json``.
+read from the baseline's ``run.json``. A last section lists where a (case, backend) that two baselines share
+changed level between them, judged as ``gdnbench history`` judges a series.
 
 ``python -m gdnbench.status_page docs/status.md`` writes the page (``make status``); ``--check`` exits 1 when
 the file differs from what the baselines give.
@@ -17,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from gdnbench.results import Status, load_run
+from gdnbench import history
+from gdnbench.results import RunFilesError, Status, load_run
 
 BUNDLED_PREFIX = "triton."  # the kernels under kernels/
 REFERENCE_PREFIX = "torch."  # the harness's own references: neither bundled nor a peer
@@ -41,7 +43,38 @@ def render(baselines: Path) -> str:
         parts.append(f"## {gpu_dir.name}\n")
         for run in runs:
             parts.append(_section(f"{gpu_dir.name}/{run.name}", run))
+    parts.append(_steps(baselines))
     return "\n".join(parts)
+
+
+def _steps(baselines: Path) -> str:
+    """The steps of the series that the baselines share (history.series over an in-memory history of them)."""
+    conn = history.connect(Path(":memory:"))
+    for run in history.run_dirs([baselines]):
+        try:
+            history.record(conn, run)
+        except RunFilesError:  # another schema's run: its table stands above, its series cannot be judged
+            continue
+    lines = ["## Steps between baselines\n",
+             "Where two baselines hold the same case and backend on one GPU, and the later one's median moved by "
+             "`compare`'s rule (5% and Mann-Whitney p < 0.01) or its status changed. The full series: "
+             "`gdnbench history --import results/baselines`.\n",
+             "| gpu | case | backend | commits | median us | verdict |", "| --- | --- | --- | --- | ---: | --- |"]
+    by_gpu = sorted(history.series(conn).items(), key=lambda item: (item[0][5], *item[0][:3]))
+    for (_, case_id, backend, _, _, gpu), points in by_gpu:
+        for before, point in zip(points, points[1:]):
+            if point.verdict in ("", "SAME", "AMBIGUOUS"):
+                continue
+            medians = " -> ".join(_cell_value(p.median_us) for p in (before, point))
+            lines.append(f"| {gpu} | `{case_id}` | `{backend}` | `{before.git_sha[:7]}` -> `{point.git_sha[:7]}` "
+                         f"| {medians} | {point.verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell_value(median: float | None) -> str:
+    if median is None:
+        return "-"
+    return f"{median:.1f}" if median < 1000 else f"{median:.0f}"
 
 
 def lead(medians: dict[str, float]) -> float | None:
@@ -77,7 +110,7 @@ def _cell(row: pd.Series | None, median: float | None) -> str:
         return ""
     if median is None:
         return str(row["status"])
-    return f"{median:.1f}" if median < 1000 else f"{median:.0f}"
+    return _cell_value(median)
 
 
 def _provenance(meta: dict) -> str:

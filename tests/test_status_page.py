@@ -44,3 +44,21 @@ def test_a_row_without_a_time_shows_its_status(tmp_path):
     assert "| `prefill/a` | 10.0 | 25.0 | 2.50 |" in page
     # a FAIL row's time is not a result: no time and no lead
     assert "| `prefill/b` | FAIL | 30.0 |  |" in page
+
+
+def test_steps_between_baselines_of_the_same_case(tmp_path):
+    """Two baselines of one case and backend: the later one's planted 30% step is listed, judged by compare's rule;
+    a case only one baseline holds, and a run of another schema, list nothing."""
+    from tests.test_history import write_run
+
+    median = random.uniform(20, 2000)
+    write_run(tmp_path / "h200" / "before", "a", 1, median)
+    write_run(tmp_path / "h200" / "after", "b", 2, median * 1.3)
+    other = tmp_path / "h200" / "old-schema"
+    other.mkdir()
+    pd.DataFrame([{"case_id": "prefill/x", "backend": "fla.chunk", "status": Status.PASS,
+                   "median_us": 1.0}]).to_csv(other / "results.csv", index=False)
+    (other / "run.json").write_text(json.dumps({"status": "complete"}))
+    steps = status_page.render(tmp_path).split("## Steps between baselines")[1]
+    rows = [line for line in steps.splitlines() if line.startswith("| NVIDIA")]
+    assert len(rows) == 1 and "`aaaaaaa` -> `bbbbbbb`" in rows[0] and rows[0].endswith("| SLOWER |")
