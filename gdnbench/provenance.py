@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from gdnbench import telemetry
+
 REPO = Path(__file__).resolve().parent.parent
 NVSMI_FIELDS = ("driver_version", "clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "power.limit",
                 "temperature.gpu", "pstate")
@@ -51,6 +53,7 @@ def device_info(device: torch.device) -> dict[str, Any]:
         "l2_bytes": getattr(props, "L2_cache_size", None),
     }
     info.update(_nvidia_smi(device.index or 0))
+    info["telemetry"] = telemetry.unavailable(device) or "nvml"
     return info
 
 

@@ -53,27 +53,60 @@ def _reason_bits(nvml: Any, handle: Any) -> int:
     return int(query(handle))
 
 
+def unavailable(device: torch.device) -> str | None:
+    """Why ``read`` gives ``device`` no columns (run.json's device.telemetry), or None where it reads NVML."""
+    if device.type != "cuda":
+        return "not a CUDA device"
+    if _nvml() is None:
+        return f"no NVML: {_nvml_loaded()[1]}"
+    if _handle(device) is None:
+        return "NVML lists no GPU of this device's PCI bus id or UUID"
+    return None
+
+
 @functools.cache
-def _nvml() -> Any:
-    """pynvml, initialised once; None without it or without a driver."""
+def _nvml_loaded() -> tuple[Any, str]:
+    """(pynvml initialised once, '') or (None, why not)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
-    except Exception:
-        return None
-    return pynvml
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"
+    return pynvml, ""
+
+
+def _nvml() -> Any:
+    """pynvml, initialised; None without it or without a driver."""
+    return _nvml_loaded()[0]
 
 
 @functools.cache
 def _handle(device: torch.device) -> Any:
-    """The NVML handle of a torch device, found by its PCI bus id (CUDA_VISIBLE_DEVICES renumbers devices)."""
+    """The NVML handle of a torch device (CUDA_VISIBLE_DEVICES renumbers devices, so not by index): by its PCI bus
+    id, else by its UUID among NVML's GPUs (a container may show NVML another PCI domain); None where neither
+    finds it."""
     nvml = _nvml()
     if nvml is None:
         return None
     try:
         props = torch.cuda.get_device_properties(device)
-        bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-        return nvml.nvmlDeviceGetHandleByPciBusId_v2(bus_id)
     except Exception:
         return None
+    try:
+        return nvml.nvmlDeviceGetHandleByPciBusId_v2(
+            f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0")
+    except Exception:
+        pass
+    uuid = _bare_uuid(getattr(props, "uuid", ""))
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        return next((h for h in handles if uuid and _bare_uuid(nvml.nvmlDeviceGetUUID(h)) == uuid), None)
+    except Exception:
+        return None
+
+
+def _bare_uuid(uuid: Any) -> str:
+    """A GPU UUID as torch and NVML both give it: lower case, without NVML's 'GPU-' prefix."""
+    text = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    return text.lower().removeprefix("gpu-")

@@ -79,3 +79,48 @@ def test_compare_names_the_clocks_beside_a_slowdown(tmp_path):
     same = _run(tmp_path / "same", 125.0, 1980)
     res = CliRunner().invoke(app, ["compare", str(base), str(same)])
     assert "telemetry:" not in res.output
+
+
+class FakeNVMLDevices:
+    """NVML whose PCI bus ids do not match torch's (another PCI domain in a container), with GPUs by UUID."""
+
+    def __init__(self, uuids):
+        self.uuids = uuids
+
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id):
+        raise RuntimeError("NVML_ERROR_NOT_FOUND")
+
+    def nvmlDeviceGetCount(self):
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return f"handle{i}"
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.uuids[int(handle.removeprefix("handle"))]
+
+
+def test_a_gpu_nvml_lists_under_another_bus_id_is_found_by_its_uuid(monkeypatch):
+    """_handle: the PCI bus id first, then the UUID (torch's without NVML's 'GPU-' prefix, any case, str or bytes);
+    a GPU NVML does not list gets no handle, and run.json's device.telemetry says why."""
+    import types
+    import uuid
+
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    mine = random.randrange(3)
+    props = types.SimpleNamespace(pci_domain_id=1, pci_bus_id=2, pci_device_id=0, uuid=ids[mine].upper())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    nvml = FakeNVMLDevices([f"GPU-{u}".encode() if i % 2 else f"GPU-{u}" for i, u in enumerate(ids)])
+    monkeypatch.setattr(telemetry, "_nvml", lambda: nvml)
+    device = torch.device("cuda", random.randrange(8))
+    telemetry._handle.cache_clear()
+    try:
+        assert telemetry._handle(device) == f"handle{mine}"
+        assert telemetry.unavailable(device) is None
+        nvml.uuids = [u for i, u in enumerate(nvml.uuids) if i != mine]
+        telemetry._handle.cache_clear()
+        assert telemetry._handle(device) is None
+        assert "no GPU of this device's PCI bus id or UUID" in telemetry.unavailable(device)
+    finally:
+        telemetry._handle.cache_clear()
+    assert telemetry.unavailable(torch.device("cpu")) == "not a CUDA device"
