@@ -26,11 +26,11 @@ from gdnbench.backends.cudnn_gdn import cudnn_gdn as cudnn_backend
 from gdnbench.backends.flashinfer_decode import flashinfer_decode
 from gdnbench.backends.flashinfer_mtp import flashinfer_mtp
 from gdnbench.backends.flashinfer_prefill import flashinfer_prefill
-from gdnbench.check import Gate, reference_outputs
 from gdnbench.cli import app
 from gdnbench.problem import make_problem
 from gdnbench.results import Status
-from gdnbench.suite import Case, ReferenceSettings, Tolerances
+from gdnbench.suite import Case
+from tests.backend_helpers import check_reset_restores_the_pool, run_adapter
 
 CUDA = torch.device("cuda")
 CALLS: list[tuple[str, dict]] = []
@@ -168,18 +168,6 @@ def expect(got: str | None, reason: str | None) -> None:
     assert (got is None) if reason is None else (got or "").startswith(reason), got
 
 
-def run_adapter(b: base.Backend, case: Case):
-    """prepare -> reset -> call -> outputs, checked against the reference like the runner does."""
-    p = make_problem(case, 0)
-    prepared = b.prepare(p)
-    if prepared.reset:
-        prepared.reset()
-    prepared.call()
-    out = prepared.outputs()
-    verdict = Gate(p, reference_outputs(p, ReferenceSettings()), Tolerances()).check(out)
-    return p, prepared, out, verdict
-
-
 # --------------------------------------------------------------------------------------------------
 # Conversions
 # --------------------------------------------------------------------------------------------------
@@ -290,12 +278,7 @@ def test_flashinfer_decode_updates_its_slots_in_place_and_resets(fake_libs, case
     p, prepared, out, verdict = run_adapter(flashinfer_decode, case)
     assert verdict.status == Status.PASS, verdict.message  # includes: slots outside slot_idx untouched
     assert CALLS[0] == ("fi.pretranspose", {"backend": "flashinfer", "disable_state_update": False})
-    first = out.o.clone()
-    assert not torch.equal(out.state_pool, p.state_pool)
-    prepared.reset()
-    assert torch.equal(prepared.outputs().state_pool, p.state_pool)
-    prepared.call()  # from the restored pool, the same answer
-    assert torch.equal(prepared.outputs().o, first)
+    check_reset_restores_the_pool(p, prepared, out)
 
 
 @pytest.mark.parametrize("state_dtype,entry", [("fp32", "fi.mtp"), ("bf16", "fi.pretranspose")])

@@ -10,17 +10,9 @@ from typer.testing import CliRunner
 from gdnbench.backends import registry
 from gdnbench.cli import app
 from gdnbench.results import Status
+from tests.backend_helpers import fake_install
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "my_variant"
-
-
-def fake_install(root: Path, name: str, entry_points: dict[str, str]) -> None:
-    """What pip leaves behind for a package: a dist-info with METADATA and entry_points.txt."""
-    info = root / f"{name}-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
-    lines = ["[gdnbench.backends]", *(f"{k} = {v}" for k, v in entry_points.items())]
-    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture
