@@ -1,7 +1,7 @@
 """Conversions between the canonical tensors and the conventions of third-party libraries.
 
 Every adapter converts in one place, here, outside the timed region (docs/design.md,
-"Conventions"): 3-D token-major layouts, cu_seqlens dtypes, log g vs
+"Conventions"): 3-D token-major layouts, cu_seqlens dtypes and chunk tables, log g vs
 linear alpha, K-first vs V-first states, GVA head expansion, in-place state pools, raw gating.
 """
 
@@ -32,6 +32,22 @@ def cu_seqlens(p: Problem, dtype: torch.dtype = torch.int64) -> Tensor:
         return p.cu_seqlens.to(dtype)
     B, T = p.q.shape[:2]
     return torch.arange(0, (B + 1) * T, T, dtype=dtype, device=p.device)
+
+
+def chunk_tables(cu_seqlens: Tensor, chunk: int) -> tuple[Tensor, Tensor, int]:
+    """Where the chunks of packed sequences sit, as int32 tables built once on the device.
+
+    Returns (chunk_indices [2 * NT]: the (sequence, chunk within it) pair of every chunk, flat and
+    sequence-major, [n0, c0, n1, c1, ...]; cu_chunks [N + 1]: the index of each sequence's first chunk;
+    NT, the number of chunks, read on the host).
+    """
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    counts = (lens + chunk - 1) // chunk
+    cu_chunks = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    total = int(cu_chunks[-1])  # a host sync, which is why the tables are built before timing
+    seq = torch.arange(counts.numel(), device=counts.device).repeat_interleave(counts)
+    within = torch.arange(total, device=counts.device) - cu_chunks[:-1].repeat_interleave(counts)
+    return torch.stack([seq, within], dim=1).flatten().to(torch.int32), cu_chunks.to(torch.int32), total
 
 
 def swap_kv(state: Tensor) -> Tensor:
@@ -99,15 +115,16 @@ class GatheredPool(StatePool):
 
     Inside the timed call: ``gather()`` reads pool[slot_idx] as the initial states, the library runs
     with output_final_state=True, and ``scatter(final)`` writes the final states back into the same
-    slots, cast to the pool dtype.
+    slots, cast to the pool dtype. With ``v_first`` the pool is kept V-first [S, HV, V, K] (converted
+    here, once), so that what is gathered and scattered is already in the library's layout.
     """
 
-    def __init__(self, p: Problem) -> None:
+    def __init__(self, p: Problem, *, v_first: bool = False) -> None:
         assert p.state_pool is not None and p.slot_idx is not None, "not a decode problem"
         slots = p.slot_idx.long()
         if bool((slots < 0).any()):  # host sync, but in prepare: a -1 would silently address the last slot
             raise ValueError("slot_idx has padding entries (< 0); a gathered pool has no padding sentinel")
-        super().__init__(p.state_pool)
+        super().__init__(p.state_pool, v_first=v_first)
         self.slots = slots
 
     def gather(self) -> Tensor:
