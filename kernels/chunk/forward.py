@@ -101,11 +101,11 @@ def chunk_gdn(
         chunk_gate_kernel[grid](x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, ws.gc, ws.beta, lay.seq_bounds,
                                 lay.chunk_indices, HV=x.HV, BT=CHUNK, RAW_GATE=x.raw, num_warps=1)
         kkt_solve_kernel[grid](x.k, beta_f, ws.gc, ws.A_diag, ws.Ai, lay.seq_bounds, lay.chunk_indices,
-                               H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee,
+                               H=x.H, HV=x.HV, K=x.K, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, FP32=x.fp32,
                                num_warps=4, num_stages=1)
         wu_kernel[grid](x.k, x.v, beta_f, ws.gc, ws.Ai, ws.W, ws.U, lay.seq_bounds, lay.chunk_indices,
                         H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, BV=min(64, tile_width(x.V)),
-                        L2NORM=x.l2norm, IEEE=x.ieee, num_warps=8, num_stages=2)
+                        L2NORM=x.l2norm, FP32=x.fp32, num_warps=8, num_stages=2)
     _state_and_output(x, state_kernel, fuse_output=False, output_final_state=output_final_state)
     return x.out, ws.final_state if output_final_state else None
 

@@ -36,7 +36,7 @@ class Launch:
     V: int
     BK: int
     l2norm: bool
-    ieee: bool
+    fp32: bool  # fp32 operands: dots in three TF32 products (device.dot)
     span: int  # chunks per output block
     stages: bool  # the multi-kernel pipeline (W and U stored), else the fused pipeline's (Ai diag(beta) stored)
 
@@ -96,10 +96,10 @@ def prepare_launch(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tens
                   b=flat(b), A_log=flat(A_log), dt_bias=flat(dt_bias),
                   h0=None if initial_state is None else initial_state.contiguous().float(),
                   out=out, ws=ws, lay=lay, scale=scale, H=H, HV=HV, K=K, V=V,
-                  BK=tile_width(K), l2norm=qk_l2norm, ieee=q.dtype == torch.float32, span=output_span,
+                  BK=tile_width(K), l2norm=qk_l2norm, fp32=q.dtype == torch.float32, span=output_span,
                   stages=stages)
 
 
 def shape_constexprs(x: Launch) -> dict:
     """The constexpr shape arguments every state and output pass launch takes."""
-    return dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, IEEE=x.ieee)
+    return dict(H=x.H, HV=x.HV, K=x.K, V=x.V, BT=CHUNK, BK=x.BK, L2NORM=x.l2norm, FP32=x.fp32)

@@ -18,22 +18,22 @@ from .tiles import chunk_bounds, chunk_program, decay_masked, load_qk, load_tile
 
 
 @triton.jit
-def output_tile(b_q, b_k, b_gc, b_h, b_v, rows, scale, IEEE: tl.constexpr):
+def output_tile(b_q, b_k, b_gc, b_h, b_v, rows, scale, FP32: tl.constexpr):
     """scale * (exp(gc) o (Q S) + lowerIncl(Gamma o Q K^T) v_new) for one chunk, fp32 [C, BV].
 
     b_h: the state entering the chunk and b_v: v_new, both in the dot dtype."""
-    b_o = dot(b_q, b_h, IEEE) * exp(b_gc)[:, None]
-    return (b_o + _scores_times_v(b_q, b_k, b_v, b_gc, b_gc, rows, rows, IEEE)) * scale
+    b_o = dot(b_q, b_h, FP32) * exp(b_gc)[:, None]
+    return (b_o + _scores_times_v(b_q, b_k, b_v, b_gc, b_gc, rows, rows, FP32)) * scale
 
 
 @triton.jit
-def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, IEEE: tl.constexpr):
+def _scores_times_v(b_q, b_k, b_v, gc_r, gc_c, rows_r, rows_c, FP32: tl.constexpr):
     """lowerIncl(Gamma o Q K^T) v of the query rows rows_r against the key rows rows_c (Gamma_ij =
     exp(gc_r_i - gc_c_j), both cumulative from one start), fp32 [len(rows_r), BV]. No row bound: the rows
     are the true token indices, so a key past a sequence's end comes after every valid query, and the
     callers do not store the outputs of the queries past it."""
-    b_s = decay_masked(dot(b_q, tl.trans(b_k), IEEE), gc_r, gc_c, rows_r[:, None] >= rows_c[None, :])
-    return dot(cast(b_s, b_v.dtype), b_v, IEEE)
+    b_s = decay_masked(dot(b_q, tl.trans(b_k), FP32), gc_r, gc_c, rows_r[:, None] >= rows_c[None, :])
+    return dot(cast(b_s, b_v.dtype), b_v, FP32)
 
 
 # (64, 4, 2) runs with its registers capped at 128: 4 programs per SM instead of 3 (0019).
@@ -44,7 +44,7 @@ OUTPUT_CONFIGS = make_configs(OUTPUT_CANDIDATES)
 @triton.jit
 def _output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, chunk_tier,
                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-               BK: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr,
+               BK: tl.constexpr, SPAN: tl.constexpr, L2NORM: tl.constexpr, FP32: tl.constexpr,
                BV: tl.constexpr):
     # one program per block of SPAN chunks (block_indices: the layout's chunk_indices or pair_indices),
     # value head and V-block; h holds the state entering each block. Chunk j of a block takes the
@@ -66,7 +66,7 @@ def _output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, chunk_ti
         in_j = tl.minimum(rows_j, n_tok - 1)
         b_q = load_qk(q + bos * H * K + i_hk * K, in_j, None, H * K, K, BK, L2NORM)
         gc_j = tl.load(gc + (bos + in_j) * HV + i_h) + carry_j
-        b_o = dot(b_q, b_h, IEEE) * exp(gc_j)[:, None]
+        b_o = dot(b_q, b_h, FP32) * exp(gc_j)[:, None]
         carry_i = 0.0
         for i in range(j + 1):
             rows_i = (i_b * SPAN + i) * BT + tl.arange(0, BT)
@@ -74,7 +74,7 @@ def _output_fn(q, k, gc, h, v_new, o, seq_bounds, block_indices, scale, chunk_ti
             b_k = load_qk(k + bos * H * K + i_hk * K, in_i, None, H * K, K, BK, L2NORM)
             gc_i = tl.load(gc + (bos + in_i) * HV + i_h) + carry_i
             b_v = load_tile(v_new + bos * HV * V + i_h * V, in_i, None, HV * V, cols_v, V)
-            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, IEEE)
+            b_o += _scores_times_v(b_q, b_k, b_v, gc_j, gc_i, rows_j, rows_i, FP32)
             last = (i_b * SPAN + i) * BT + BT - 1
             carry_i += tl.load(gc + (bos + last) * HV + i_h, mask=last < n_tok, other=0.0)
         store_tile(o + bos * HV * V + i_h * V, rows_j, n_tok, HV * V, cols_v, V, b_o * scale)

@@ -21,11 +21,11 @@ from .tiles import chunk_bounds, chunk_program, decay_masked, load_qk, store_til
 
 
 @triton.jit
-def _kkt_block(k_r, k_c, gc_r, gc_c, beta_r, rows, cols, n_valid, IEEE: tl.constexpr):
+def _kkt_block(k_r, k_c, gc_r, gc_c, beta_r, rows, cols, n_valid, FP32: tl.constexpr):
     """The (rows, cols) block of A = strictLower(diag(beta) (Gamma o K K^T)), fp32; rows past
     n_valid are 0, so a short last chunk's I + A is the identity there."""
     keep = (rows[:, None] > cols[None, :]) & (rows[:, None] < n_valid)
-    return decay_masked(dot(k_r, tl.trans(k_c), IEEE), gc_r, gc_c, keep) * beta_r[:, None]
+    return decay_masked(dot(k_r, tl.trans(k_c), FP32), gc_r, gc_c, keep) * beta_r[:, None]
 
 
 @triton.jit
@@ -37,7 +37,7 @@ def _diag_scratch(A_diag, i_c, i_h, HV: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, IEEE: tl.constexpr):
+def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, FP32: tl.constexpr):
     """(I + A)^-1 of one chunk, fp32 [BT, BT], for A = strictLower(diag(beta)(Gamma o K K^T)) of the
     [BT, BK] key tile b_k (one tensor-core dot).
 
@@ -55,15 +55,15 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, IEEE:
          without a dot);
       2. with D = blockdiag(X) and L the blocks of A below the diagonal, I + A = D^-1 (I + D L) and
          (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
-         (M, P = I - P M twice, P D). Their operands are rounded to b_k's dtype (fp32 inputs: IEEE
+         (M, P = I - P M twice, P D). Their operands are rounded to b_k's dtype (fp32 inputs: kept
          fp32), as the callers round the result: a half-precision accumulator-to-operand move stays in
-         registers, where a tf32 one shuffles, and P M (P and M commute) keeps the running P the
+         registers, where an fp32 one shuffles, and P M (P and M commute) keeps the running P the
          register operand and M the shared-memory one. D enters only the first and last dots.
     """
     r = tl.arange(0, BT)
     m = tl.arange(0, 16)
     blk_r = r // 16
-    b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_valid, IEEE)
+    b_A = _kkt_block(b_k, b_k, b_gc, b_gc, b_beta, rows, rows, n_valid, FP32)
     same = blk_r[:, None] == blk_r[None, :]
     # A[r, c] -> scratch[c, r % 16] within a block
     tl.store(diag + r[None, :] * 16 + (r % 16)[:, None], b_A, mask=same)
@@ -75,19 +75,19 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, IEEE:
         X = tl.where(m[None, :] == j, X - tl.sum(X * coef, 1)[:, None], X)
     dt: tl.constexpr = b_k.dtype
     D = cast(tl.where(same, tl.reshape(tl.broadcast_to(X[:, None, :], (BT, BT // 16, 16)), (BT, BT)), 0.0), dt)
-    M = dot(D, cast(tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0), dt), IEEE)
+    M = dot(D, cast(tl.where(blk_r[:, None] > blk_r[None, :], b_A, 0.0), dt), FP32)
     eye = r[:, None] == r[None, :]
     P = tl.where(eye, 1.0, 0.0) - M
     M = cast(M, dt)
     for _ in tl.static_range(BT // 16 - 2):
-        P = tl.where(eye, 1.0, 0.0) - dot(cast(P, dt), M, IEEE)
-    return dot(cast(P, dt), D, IEEE)
+        P = tl.where(eye, 1.0, 0.0) - dot(cast(P, dt), M, FP32)
+    return dot(cast(P, dt), D, FP32)
 
 
 @triton.jit
 def kkt_solve_kernel(k, beta, gc, A_diag, Ai, seq_bounds, chunk_indices,
                      H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                     L2NORM: tl.constexpr, IEEE: tl.constexpr):
+                     L2NORM: tl.constexpr, FP32: tl.constexpr):
     i_c, i_h, _ = chunk_program(HV, 1)
     bos, i_t, n_tok = chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
@@ -95,7 +95,7 @@ def kkt_solve_kernel(k, beta, gc, A_diag, Ai, seq_bounds, chunk_indices,
     b_k = load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
     b_gc = tl.load(gc + (bos + rows) * HV + i_h, mask=valid, other=0.0)
     b_beta = tl.load(beta + (bos + rows) * HV + i_h, mask=valid, other=0.0).to(tl.float32)
-    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, IEEE)
+    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, FP32)
     store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai)
 
 
@@ -115,13 +115,13 @@ def _prep_prune(configs, named_args):
 @triton.jit
 def _prep_fn(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier,
              H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-             RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, IEEE: tl.constexpr):
+             RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, FP32: tl.constexpr):
     i_c, i_h, _ = chunk_program(HV, 1)
     bos, i_t, n_tok = chunk_bounds(seq_bounds, chunk_indices, i_c)
     rows = i_t * BT + tl.arange(0, BT)
     b_gc, b_beta = gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
     b_k = load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
-    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, IEEE)
+    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, FP32)
     store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai * b_beta[None, :])
 
 
@@ -139,4 +139,4 @@ def run_prep(x: Launch, over: ChunkLayout, prep: str, first_chunk: int = 0) -> N
         fused_prep_kernel[(over.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,
             over.seq_bounds, over.chunk_indices, chunk_tier(over.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK,
-            BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, IEEE=x.ieee)
+            BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, FP32=x.fp32)

@@ -76,7 +76,7 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
               H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, USE_H0: tl.constexpr, STORE_HT: tl.constexpr, FUSE_OUTPUT: tl.constexpr,
               WARM_UP: tl.constexpr, SPAN: tl.constexpr, FROM_AI: tl.constexpr, L2NORM: tl.constexpr,
-              IEEE: tl.constexpr, BV: tl.constexpr):
+              FP32: tl.constexpr, BV: tl.constexpr):
     # state_tier: only a key of the tuner. h_offsets: each sequence's first h entry (its first chunk,
     # or with SPAN = 2 its first pair of chunks: then the state entering every other chunk is stored).
     # WARM_UP (each "sequence" is then a warm-up segment, see SegmentLayout): from zero, or from h0 at its
@@ -143,17 +143,17 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
         # v_new, what this chunk actually writes: U - W S, or from (I + A)^-1 diag(beta) as
         # Ai (V - exp(gc) o (K S)) (W and U never stored)
         if FROM_AI:
-            b_x = -dot(b_k, b_hd, IEEE) * exp(b_gc)[:, None]
+            b_x = -dot(b_k, b_hd, FP32) * exp(b_gc)[:, None]
             b_x += load_tile(v + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
             b_ai = load_tile(Ai + bos * HV * BT + i_h * BT, rows_in, None, HV * BT, tl.arange(0, BT), BT)
-            b_v = dot(b_ai, cast(b_x, dt), IEEE)
+            b_v = dot(b_ai, cast(b_x, dt), FP32)
         else:
-            b_v = -dot(load_tile(W + bos * HV * K + i_h * K, rows_in, None, HV * K, cols_k, K), b_hd, IEEE)
+            b_v = -dot(load_tile(W + bos * HV * K + i_h * K, rows_in, None, HV * K, cols_k, K), b_hd, FP32)
             b_v += load_tile(U + bos * HV * V + i_h * V, rows_in, None, HV * V, cols_v, V).to(tl.float32)
         b_vd = cast(b_v, dt)
         if FUSE_OUTPUT:
             b_q = load_qk(q + bos * H * K + i_hk * K, rows_in, None, H * K, K, BK, L2NORM)
-            b_o = output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, scale, IEEE)
+            b_o = output_tile(b_q, b_k, b_gc, b_hd, b_vd, rows, scale, FP32)
             rows_o = rows
             if WARM_UP:  # a warm-up chunk (i_t < 0) is the segment before's: it stores nothing
                 rows_o = tl.where(rows >= 0, rows, n_tok)
@@ -163,7 +163,7 @@ def _state_fn(q, k, v, W, U, Ai, gc, h, v_new, o, h0, ht, seq_bounds, h_offsets,
         gc_last = tl.load(gc + (bos + tl.minimum(i_t * BT + BT, n_tok) - 1) * HV + i_h)
         # decay each write to the chunk's end on the [C, BV] side (cheaper than on the [C, K] keys)
         b_vdec = cast(b_v * tl.where(valid, exp(gc_last - b_gc), 0.0)[:, None], dt)
-        b_h = b_h * exp(gc_last) + dot(tl.trans(b_k), b_vdec, IEEE)
+        b_h = b_h * exp(gc_last) + dot(tl.trans(b_k), b_vdec, FP32)
     if STORE_HT:
         store_tile(ht + (i_n * HV + i_h).to(tl.int64) * K * V, cols_k, tl.where(skip, 0, ht_rows), V, cols_v, V, b_h)
 

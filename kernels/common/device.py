@@ -74,12 +74,15 @@ def _reciprocal(x):
 
 
 @triton.jit
-def dot(a, b, IEEE: tl.constexpr):
-    """a @ b with fp32 accumulation; IEEE: fp32 operands multiply in full fp32, not tf32."""
+def dot(a, b, FP32: tl.constexpr):
+    """a @ b with fp32 accumulation. FP32 (fp32 operands): three TF32 tensor-core products (each operand split
+    into a TF32 high part and the TF32 remainder, the low x low product dropped), about fp32's accuracy at a
+    fraction of the CUDA-core FMA's time, where one TF32 product keeps 10 of fp32's 23 mantissa bits
+    (docs/decisions/0023-fp32-dots.md)."""
     if _UPCAST_BF16_DOT and a.dtype == tl.bfloat16:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif IEEE:
-        return tl.dot(a, b, input_precision="ieee")
+    elif FP32:
+        return tl.dot(a, b, input_precision="tf32x3")
     else:
         return tl.dot(a, b)
 
