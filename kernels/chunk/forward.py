@@ -9,13 +9,14 @@ import torch
 from torch import Tensor
 
 from ..common.tuning import TunedKernel
+from ..recurrent import recurrent_gdn
 from .configs import config_str, tile_width
 from .gate import chunk_gate_kernel
 from .launch import Launch, prepare_launch
 from .layout import CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout
 from .output import output_kernel_for, output_pass
 from .pipeline import pipeline_streams, run_pipelined
-from .plan import ChunkPlan, make_plan, specialized_order
+from .plan import RECURRENT, ChunkPlan, make_plan, specialized_order
 from .prep import fused_prep_kernel, kkt_solve_kernel, run_prep
 from .sm90 import GLUON_WALKS, SPECIALIZED
 from .sm90 import prep as sm90_prep
@@ -152,6 +153,11 @@ def chunk_fused_gdn(
         raise ValueError("a plan is given: its fields come from the plan, not from the call")
     if not plan.fused:
         raise ValueError("the multi-kernel pipeline's plan runs through chunk_gdn")
+    if plan.walk == RECURRENT:  # no chunks: of the workspace only the final state is used
+        final = workspace.final_state if workspace is not None and output_final_state else None
+        return recurrent_gdn(q, k, v, g, beta, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=scale,
+                             initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                             qk_l2norm=qk_l2norm, out=out, final_state=final)
     x = prepare_launch(q, k, v, g, beta, a, b, A_log, dt_bias, scale=scale, initial_state=initial_state,
                        output_final_state=output_final_state, cu_seqlens=cu_seqlens, layout=lay, qk_l2norm=qk_l2norm,
                        out=out, workspace=workspace, stages=False, fuse_output=plan.fuse_output,
@@ -182,6 +188,8 @@ def describe(plan: ChunkPlan) -> str:
     """What a plan runs and the configs its tuned kernels ran last, for a result row's path."""
     if not plan.fused:
         return "gate, kkt+solve, wu, " + _passes(state_kernel, fuse_output=False, output_span=1)
+    if plan.walk == RECURRENT:
+        return "token by token in the recurrent kernel (sequences too short for chunks to pay)"
     kernels = "gate+kkt+solve in one, W/U in the state pass" + (
         f", state pass over warm-up segments of {plan.segments.chunks} chunks" if plan.segments else "") + (
         " beside whole walks of the heads too slow for them" if plan.segments and plan.segments.whole_walks else "") + (

@@ -90,14 +90,22 @@ WARM_UP_PROGRAMS_PER_SM = 2
 WHOLE_WALKS_MIN_CHUNKS = 64
 
 
+# Sequences this short run token by token (the recurrent kernel, ``RECURRENT``): its time grows with the tokens
+# of the longest sequence from a smaller fixed cost than a chunk's prep and walk (docs/decisions/0024-tiny-prefill.md).
+RECURRENT_MAX_TOKENS = 8
+
+# walk=RECURRENT: no chunks; the whole call is one launch of the recurrent kernel (gdnbench_kernels.recurrent)
+RECURRENT = "recurrent"
+
+
 def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None, walk: str = "triton") -> str:
     """Which prep kernel a call runs: "sm90" (sm90_prep, Gluon) where it can, else "triton" (None: the
-    default); raises ValueError for "sm90" where it cannot. With walk=SPECIALIZED the walk's own kernel does
-    the prep: SPECIALIZED (prep None or SPECIALIZED)."""
-    if walk == SPECIALIZED:
-        if prep not in (None, SPECIALIZED):
-            raise ValueError(f"walk={SPECIALIZED!r} computes the prep in its own kernel, got prep={prep!r}")
-        return SPECIALIZED
+    default); raises ValueError for "sm90" where it cannot. With walk=SPECIALIZED or RECURRENT the walk's own
+    kernel does the prep: the walk's name (prep None or that name)."""
+    if walk in (SPECIALIZED, RECURRENT):
+        if prep not in (None, walk):
+            raise ValueError(f"walk={walk!r} computes the prep in its own kernel, got prep={prep!r}")
+        return walk
     why = sm90_prep.unsupported(k, raw_gate, qk_l2norm)
     if prep is None:
         return "triton" if why else "sm90"
@@ -260,6 +268,10 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
         walk = "triton" if fuse_output is False else walk_default(layout, q, V, HV, qk_l2norm, segments, raw_gate)
         if walk == SPECIALIZED and prep is not None:
             walk = "triton"
+    if walk == RECURRENT:
+        if fuse_output is False or segments is not None:
+            raise ValueError(f"walk={walk!r} runs token by token: no output pass, no segments")
+        return walk, True
     if walk == SPECIALIZED:
         why = sm90_specialized.unsupported(q, V, raw_gate, qk_l2norm) or (
             "it always computes the output in the walk" if fuse_output is False else None)
@@ -275,7 +287,7 @@ def plan_walk(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool,
             raise ValueError(f"walk={walk!r} cannot run this call: {why}")
         return walk, True
     if walk != "triton":
-        raise ValueError(f"walk must be one of {['triton', *GLUON_WALKS, SPECIALIZED]}, got {walk!r}")
+        raise ValueError(f"walk must be one of {['triton', *GLUON_WALKS, SPECIALIZED, RECURRENT]}, got {walk!r}")
     K = q.shape[-1]
     return walk, fuse_output_default(layout, HV, K, segments) if fuse_output is None else fuse_output
 
@@ -286,8 +298,8 @@ class ChunkPlan:
     ``forward.chunk_fused_gdn`` executes it without deciding again, and ``forward.describe`` names it."""
 
     fused: bool  # the fused pipeline (forward.chunk_fused_gdn); else one kernel per stage (forward.chunk_gdn)
-    walk: str  # "triton", a Gluon walk (sm90.GLUON_WALKS) or SPECIALIZED
-    prep: str  # "triton", "sm90" (sm90.prep) or SPECIALIZED (done in the walk's kernel)
+    walk: str  # "triton", a Gluon walk (sm90.GLUON_WALKS), SPECIALIZED or RECURRENT
+    prep: str  # "triton", "sm90" (sm90.prep), or SPECIALIZED or RECURRENT (done in the walk's kernel)
     fuse_output: bool  # the outputs computed in the walk, no output pass
     output_span: int  # chunks per output-pass block, 1 or 2
     segments: SegmentLayout | None  # warm-up segments, or whole sequences
@@ -325,8 +337,8 @@ def _checked(plan: ChunkPlan, layout: ChunkLayout) -> ChunkPlan:
     """plan, where its pipeline can run; raises ValueError where not."""
     if plan.pipeline is not None and (plan.segments is not None or plan.pipeline.spans != layout.spans):
         raise ValueError("a pipeline cuts this call's sequences into groups, without segments")
-    if plan.pipeline is not None and plan.walk == SPECIALIZED:
-        raise ValueError(f"a pipeline overlaps separate prep and walk kernels, which walk={SPECIALIZED!r} has not")
+    if plan.pipeline is not None and plan.walk in (SPECIALIZED, RECURRENT):
+        raise ValueError(f"a pipeline overlaps separate prep and walk kernels, which walk={plan.walk!r} has not")
     return plan
 
 
@@ -337,9 +349,13 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
     """A call's plan by the default rules, any field forced (sweeps force one at a time). segment_chunks: warm-up
     segments of that many chunks (``plan_segments`` where None, unless fuse_output, walk or pipeline_chunks is
     forced; 0: whole sequences); pipeline_chunks: groups of that many chunks (``pipeline_default`` where None;
-    0: one call). fused False: the multi-kernel pipeline, which has nothing to decide."""
+    0: one call). Nothing forced, sequences of RECURRENT_MAX_TOKENS or fewer: walk=RECURRENT. fused False: the
+    multi-kernel pipeline, which has nothing to decide."""
     if not fused:
         return STAGES_PLAN
+    forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks)
+    if all(field is None for field in forced) and 0 < layout.max_len <= RECURRENT_MAX_TOKENS:
+        return make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=RECURRENT)
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
         segment_chunks = plan_segments(layout, q, V, HV, qk_l2norm, raw_gate)
     whole_walks = triton.cdiv(layout.max_len, CHUNK) >= WHOLE_WALKS_MIN_CHUNKS

@@ -164,6 +164,7 @@ def recurrent_gdn(
     v_first: bool = False,
     qk_l2norm: bool = False,
     out: Tensor | None = None,
+    final_state: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The gated delta rule, token by token, in one fused kernel launch.
 
@@ -174,7 +175,8 @@ def recurrent_gdn(
     place at slot_idx [N] int32 (negative: padding, zero output), or per token at slot_idx [N, T] starting
     from slot_idx[n, num_accepted_tokens[n] - 1] (speculative verify; padded batch only). ``v_first``:
     every state (pool, initial and final) is [.., V, K] instead, the layout of serving engines' pools.
-    ``out``: an optional preallocated o.
+    ``out``, ``final_state``: an optional preallocated o, and final state (fp32, contiguous) with
+    output_final_state.
     Returns (o [B, T, HV, V] in q's dtype, final_state [N, HV, K, V] (or V, K) fp32, or None).
     """
     B, T, H, K, HV, V = check_inputs(q, k, v, g, beta, a, b, A_log, dt_bias,
@@ -214,7 +216,11 @@ def recurrent_gdn(
         g, beta = g.contiguous(), beta.contiguous()
     out = output_buffer(out, q, B, T, HV, V)
     h0 = initial_state.contiguous().float() if initial_state is not None and not is_pool else None
-    ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if output_final_state else None
+    ht = None
+    if output_final_state:
+        ht = torch.empty(N, HV, *kv, dtype=torch.float32, device=q.device) if final_state is None else final_state
+        if ht.shape != (N, HV, *kv) or ht.dtype != torch.float32 or not ht.is_contiguous():
+            raise ValueError(f"final_state must be a contiguous fp32 {[N, HV, *kv]} tensor")
 
     BK = triton.next_power_of_2(K)
     per_seq = _per_sequence(B * T, N)
