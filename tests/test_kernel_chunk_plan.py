@@ -490,3 +490,25 @@ def test_whole_walks_beside_warm_up_segments_only_on_long_walks(T, whole_walks, 
     plan = chunk.plan.default_plan(layout, q, q, 128, 8, raw_gate=False, qk_l2norm=False)
     assert plan.segments is not None and plan.segments.whole_walks == whole_walks
     assert (T // chunk.CHUNK >= chunk.plan.WHOLE_WALKS_MIN_CHUNKS) == whole_walks
+
+
+@pytest.mark.parametrize("B,T,seqs,recurrent", [
+    (1, 1, None, True), (4, 8, None, True), (1, 9, None, False),  # RECURRENT_MAX_TOKENS is 8
+    (1, 0, [3, 8, 1], True), (1, 0, [3, 9, 1], False),  # the longest sequence decides
+])
+def test_tiny_prefills_run_token_by_token(B, T, seqs, recurrent):
+    """default_plan sends calls whose longest sequence has RECURRENT_MAX_TOKENS tokens or fewer to the recurrent
+    kernel, unless a field is forced; the plan's walk and prep say so, and describe names it."""
+    from gdnbench_kernels import chunk
+
+    cu = None if seqs is None else torch.tensor([0, *itertools.accumulate(seqs)])
+    lay = chunk.ChunkLayout.build(B, T or sum(seqs), cu, CPU)
+    q = torch.empty(B, T or sum(seqs), 2, 64)
+    plan = chunk.default_plan(lay, q, q, 64, 4, raw_gate=False, qk_l2norm=False)
+    assert (plan.walk == chunk.plan.RECURRENT) == recurrent
+    assert (plan.prep == chunk.plan.RECURRENT) == recurrent
+    assert ("recurrent kernel" in chunk.describe(plan)) == recurrent
+    assert chunk.default_plan(lay, q, q, 64, 4, raw_gate=False, qk_l2norm=False, walk="triton").walk == "triton"
+    with pytest.raises(ValueError, match="token by token"):
+        chunk.plan.make_plan(lay, q, q, 64, 4, raw_gate=False, qk_l2norm=False, walk="recurrent",
+                             fuse_output=False)

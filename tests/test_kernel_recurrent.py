@@ -145,8 +145,12 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
             if pool is not None:
                 kw["state_pool"] = pool = pool.clone()
             B, T, HV, V = *kw["v"].shape[:3], kw["v"].shape[3]
-            if not case["default_out"]:
+            if not case["default_out"]:  # o, and the final state where there is one, into NaN-poisoned buffers
                 kw["out"] = torch.full((B, T, HV, V), float("nan"), dtype=kw["q"].dtype)
+                if kw.get("output_final_state"):
+                    N, K = (B if kw.get("cu_seqlens") is None else kw["cu_seqlens"].numel() - 1), kw["q"].shape[3]
+                    kv = (V, K) if kw.get("v_first") else (K, V)
+                    kw["final_state"] = torch.full((N, HV, *kv), float("nan"))
             saved = torch.Tensor.item, torch.Tensor.tolist
             # no .item() / .tolist() anywhere in the call (graph capture; cu_seqlens stays on the device)
             torch.Tensor.item = torch.Tensor.tolist = no_host_sync
@@ -154,7 +158,8 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                 o, final = kern.recurrent_gdn(**kw)
             finally:
                 torch.Tensor.item, torch.Tensor.tolist = saved
-            res.update(o=o, final=final, pool=pool, out_is_o=("out" in kw and o is kw["out"]))
+            res.update(o=o, final=final, pool=pool, out_is_o=("out" in kw and o is kw["out"]),
+                       final_is_buffer=("final_state" in kw and final is kw["final_state"]))
         except Exception as e:  # reported by the test of that case
             res["error"] = f"{type(e).__name__}: {e}"
         results[(case["name"], variant)] = res
@@ -242,6 +247,8 @@ def test_kernel_matches_the_fp64_reference(interpreted, name, variant):
             assert got["final"] is None
         else:
             assert got["final"].dtype == torch.float32 and rel(got["final"], final_ref) < 1e-5
+            if not BY_NAME[name]["default_out"]:
+                assert got["final_is_buffer"], "final_state= was not written in place"
         return
     assert got["final"] is None
     pool0, pool = kw["state_pool"], got["pool"]
@@ -454,6 +461,15 @@ def test_launcher_rejects_bad_arguments(bad, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):
         kern.recurrent_gdn(**{**BY_NAME["decode-padding-T2"]["kw"], **bad})
 
+
+def test_a_final_state_buffer_of_another_shape_or_dtype_is_refused():
+    from gdnbench_kernels.recurrent import forward as kern
+
+    kw = BY_NAME["prefill-varlen"]["kw"]
+    N, HV, K, V = kw["cu_seqlens"].numel() - 1, kw["v"].shape[2], kw["q"].shape[3], kw["v"].shape[3]
+    for bad in (torch.empty(N, HV, K, V, dtype=torch.float64), torch.empty(N + 1, HV, K, V)):
+        with pytest.raises(ValueError, match="final_state must be a contiguous fp32"):
+            kern.recurrent_gdn(**kw, final_state=bad)
 
 # ---- the compiled path, without a GPU -----------------------------------------------------------------
 

@@ -19,7 +19,8 @@ which it is measured against). ``forward.chunk_fused_gdn`` runs (a) and (b) in o
 Ai = (I + A)^-1 diag(beta), takes each chunk's writes in the walk as v_new = Ai (V - exp(gc) o (K S)) (W and
 U never stored), and executes a ``plan.ChunkPlan``: made once on the host from the problem's layout, it says
 whether the output folds into the walk, whether the walks are cut into warm-up segments, whether the stages
-are pipelined (``pipeline``) and which kernels run, the Gluon kernels for Hopper (``sm90``) among them.
+are pipelined (``pipeline``) and which kernels run, the Gluon kernels for Hopper (``sm90``) among them, or,
+for sequences of a few tokens, the recurrent kernel (``plan.RECURRENT``) instead of chunks.
 
 Layout (``layout``): every token-indexed buffer is flat over tokens ([B * T, heads, dim]) and every kernel
 finds its sequence through ``seq_bounds``, so padded and varlen batches are one code path. Chunks never
