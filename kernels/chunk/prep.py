@@ -57,7 +57,7 @@ def _kkt_inverse(b_k, b_gc, b_beta, rows, n_valid, diag, BT: tl.constexpr, FP32:
          (D L)^4 = 0, so (I + A)^-1 = (I - M + M^2 - M^3) D with M = D L: four [BT, BT] dots
          (M, P = I - P M twice, P D). Their operands are rounded to b_k's dtype (fp32 inputs: kept
          fp32), as the callers round the result: a half-precision accumulator-to-operand move stays in
-         registers, where an fp32 one shuffles, and P M (P and M commute) keeps the running P the
+         registers, where a tf32 one shuffles, and P M (P and M commute) keeps the running P the
          register operand and M the shared-memory one. D enters only the first and last dots.
     """
     r = tl.arange(0, BT)
