@@ -91,11 +91,20 @@ WHOLE_WALKS_MIN_CHUNKS = 64
 
 
 # Sequences this short run token by token (the recurrent kernel, ``RECURRENT``): its time grows with the tokens
-# of the longest sequence from a smaller fixed cost than a chunk's prep and walk (docs/decisions/0024-tiny-prefill.md).
+# of the longest sequence from a smaller fixed cost than a chunk's prep and walk, and with the (sequence, value
+# head) pairs once they outnumber what the GPU runs at once (docs/decisions/0024-tiny-prefill.md).
 RECURRENT_MAX_TOKENS = 8
+# ... and only where sequences x value heads x the longest sequence's tokens stay within this many steps
+RECURRENT_MAX_STEPS = 512
 
 # walk=RECURRENT: no chunks; the whole call is one launch of the recurrent kernel (gdnbench_kernels.recurrent)
 RECURRENT = "recurrent"
+
+
+def recurrent_pays(layout: ChunkLayout, HV: int) -> bool:
+    """Whether the recurrent kernel beats the chunks on this call: its longest sequence has RECURRENT_MAX_TOKENS
+    tokens or fewer, and its sequences x value heads x that length is RECURRENT_MAX_STEPS or fewer."""
+    return 0 < layout.max_len <= RECURRENT_MAX_TOKENS and layout.N * HV * layout.max_len <= RECURRENT_MAX_STEPS
 
 
 def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None, walk: str = "triton") -> str:
@@ -349,12 +358,12 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
     """A call's plan by the default rules, any field forced (sweeps force one at a time). segment_chunks: warm-up
     segments of that many chunks (``plan_segments`` where None, unless fuse_output, walk or pipeline_chunks is
     forced; 0: whole sequences); pipeline_chunks: groups of that many chunks (``pipeline_default`` where None;
-    0: one call). Nothing forced, sequences of RECURRENT_MAX_TOKENS or fewer: walk=RECURRENT. fused False: the
+    0: one call). Nothing forced, where ``recurrent_pays``: walk=RECURRENT. fused False: the
     multi-kernel pipeline, which has nothing to decide."""
     if not fused:
         return STAGES_PLAN
     forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks)
-    if all(field is None for field in forced) and 0 < layout.max_len <= RECURRENT_MAX_TOKENS:
+    if all(field is None for field in forced) and recurrent_pays(layout, HV):
         return make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=RECURRENT)
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
         segment_chunks = plan_segments(layout, q, V, HV, qk_l2norm, raw_gate)
