@@ -204,7 +204,7 @@ def measure(
 
 
 def measure_interleaved(fns: Sequence[Timed], *, device: torch.device, config: TimingConfig) -> list[Measurement]:
-    """Time several (fn, reset) pairs in alternation, one sample of each per round (A B A B ...).
+    """Time several (fn, reset) pairs in alternation, one sample of each per round (A B, B A, ...).
 
     Clock, thermal and neighbour drift then hit every series alike, so their ratio is steadier than
     that of back-to-back measurements. Sampling goes on until every series has converged (or a cap
@@ -249,10 +249,16 @@ def measure_interleaved(fns: Sequence[Timed], *, device: torch.device, config: T
                 for s, c, run in zip(series, converged, runs)]
 
 
+def round_order(n: int, round_index: int) -> range:
+    """The order of n series in a round: forwards in even rounds, backwards in odd ones, so that what the
+    position in a round does to a sample (docs/decisions/0025-paired-intervals.md) falls on every series alike."""
+    return range(n) if round_index % 2 == 0 else range(n - 1, -1, -1)
+
+
 def event_rounds(runs: Sequence[Callable[[], object]], resets: Sequence[Callable[[], None] | None],
                  flush: torch.Tensor | None) -> Callable[[int], list[list[float]]]:
-    """``run_rounds(k)``: k rounds (k <= ROUNDS_PER_SYNC) of one sample of each of ``runs`` in turn
-    (A B A B ...), returned per run in microseconds. Each sample is one call between two CUDA events on the
+    """``run_rounds(k)``: k rounds (k <= ROUNDS_PER_SYNC) of one sample of each of ``runs`` in turn, in
+    ``round_order`` (A B, B A, A B, ...), returned per run in microseconds. Each sample is one call between two CUDA events on the
     current stream; before it, outside the events, its ``resets`` entry (if any) runs and ``flush`` (if given)
     is zeroed. No synchronisation per sample: the host queues the k rounds ahead of the GPU and waits once,
     so with eager calls launch overhead shows where the GPU waits on the host, as a caller sees it."""
@@ -260,17 +266,21 @@ def event_rounds(runs: Sequence[Callable[[], object]], resets: Sequence[Callable
     starts = [[torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_SYNC)] for _ in runs]
     ends = [[torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_SYNC)] for _ in runs]
 
+    rounds_done = 0
+
     def run_rounds(k: int) -> list[list[float]]:
+        nonlocal rounds_done
         for i in range(k):
-            for j, (run, reset) in enumerate(zip(runs, resets)):
-                if reset is not None:
-                    reset()
+            for j in round_order(len(runs), rounds_done + i):
+                if resets[j] is not None:
+                    resets[j]()
                 if flush is not None:
                     flush.zero_()
                 starts[j][i].record()
-                run()
+                runs[j]()
                 ends[j][i].record()
-        ends[-1][k - 1].synchronize()
+        ends[j][k - 1].synchronize()  # the last sample queued
+        rounds_done += k
         return [[starts[j][i].elapsed_time(ends[j][i]) * 1e3 for i in range(k)] for j in range(len(runs))]
 
     return run_rounds
@@ -287,10 +297,14 @@ def _measure_wall(
     for fn, reset in fns:
         _warm_up(fn, reset, config.warmup)
 
+    rounds_done = 0
+
     def run_round(k: int) -> list[list[float]]:
+        nonlocal rounds_done
         out: list[list[float]] = [[] for _ in fns]
-        for _ in range(k):
-            for (fn, reset), mine in zip(fns, out):
+        for i in range(k):
+            for j in round_order(len(fns), rounds_done + i):
+                (fn, reset), mine = fns[j], out[j]
                 if reset is not None:
                     reset()
                 if flush is not None:
@@ -302,6 +316,7 @@ def _measure_wall(
                 if cuda:
                     torch.cuda.synchronize()
                 mine.append((time.perf_counter() - t0) * 1e6)
+        rounds_done += k
         return out
 
     series, converged = _sample(run_round, len(fns), config)

@@ -239,14 +239,15 @@ def test_interleaved_series_alternate_and_keep_their_own_times():
                                 (timed("b", 100e-6), None)], device=CPU, config=cfg)
     assert len(a.samples_us) == len(b.samples_us) == 6
     calls = [x for x in log if x in ("a", "b")]
-    assert calls == ["a", "b"] * 7  # one warm-up of each, then six rounds in alternation
+    assert calls == ["a", "b"] * 2 + ["b", "a", "a", "b"] * 2 + ["b", "a"]  # warm-ups, then rounds A B, B A, ...
     assert all(log[i - 1] == "ra" for i, x in enumerate(log) if x == "a")  # a's reset before every a
     assert 2 < np.median(a.samples_us) / np.median(b.samples_us) < 4
 
 
 def test_event_rounds_order_reset_flush_and_events_around_each_call(monkeypatch):
     """The GPU sampling core, on a CPU with CUDA events stood in for: per round one sample of each run in
-    turn, its reset and the flush before its start event, one synchronisation per call."""
+    turn, forwards then backwards (across calls too), its reset and the flush before its start event, one
+    synchronisation per call."""
     log = []
 
     class Event:
@@ -276,7 +277,8 @@ def test_event_rounds_order_reset_flush_and_events_around_each_call(monkeypatch)
                               Flush())
     a, b = run_rounds(2)
     one = ["ra", "flush", "event", "a", "event", "flush", "event", "b", "event"]
-    assert log == one * 2 + ["sync"]
+    backwards = ["flush", "event", "b", "event", "ra", "flush", "event", "a", "event"]
+    assert log == one + backwards + ["sync"]
     assert a == b == [2000.0, 2000.0]  # microseconds: each call sits between its own two events
     log.clear()
     run_rounds(1)
