@@ -66,6 +66,25 @@ def test_vllm_pool_has_a_reserved_front_slot_and_round_trips():
     assert pool.pool.data_ptr() == ptr and torch.equal(pool.canonical(), states)
 
 
+@pytest.mark.parametrize("null_slots", [0, 1])
+def test_pool_with_slots_resets_those_slots_and_the_null_ones(null_slots):
+    """A decode pool given its slots restores, in place, exactly the slots a call uses (padding -1 skipped) and
+    the null slots; a write elsewhere is the harness's to catch, not reset's to hide."""
+    states = torch.randn(6, 2, 3, 5)
+    slots = torch.tensor([4, -1, 1, 4], dtype=torch.int32)
+    pool = StatePool(states, v_first=True, null_slots=null_slots, slots=slots)
+    ptr = pool.pool.data_ptr()
+    pool.pool.add_(1.0)  # every slot written, the null ones included
+    pool.reset()
+    assert pool.pool.data_ptr() == ptr
+    got = pool.canonical()
+    for s in (1, 4):
+        assert torch.equal(got[s], states[s])
+    for s in (0, 2, 3, 5):
+        assert torch.equal(got[s], states[s] + 1.0)
+    assert torch.equal(pool.pool[:null_slots], torch.zeros(null_slots, 2, 5, 3))
+
+
 def test_pool_keeps_the_state_dtype_and_converts_back():
     states = torch.randn(3, 1, 4, 4).to(torch.bfloat16)
     pool = StatePool(states, v_first=True)

@@ -88,26 +88,40 @@ class StatePool:
 
     ``states`` [S, HV, K, V] becomes ``pool`` [null_slots + S, HV, ...] (V-first if asked), with
     ``null_slots`` zeroed slots in FRONT (vLLM reserves slot 0): canonical slot s lives at
-    ``pool[null_slots + s]``. ``reset()`` copies the pristine pool back into the same buffer (CUDA graphs
+    ``pool[null_slots + s]``. ``reset()`` copies the pristine states back into the same buffer (CUDA graphs
     replay on fixed addresses), so every sample starts from the same state; ``canonical()`` converts
-    the live pool back to [S, HV, K, V] in the states' dtype.
+    the live pool back to [S, HV, K, V] in the states' dtype, as a new tensor.
+
+    ``slots``: the canonical slots the call reads and writes (a decode's ``slot_idx``; negative entries are
+    padding). ``reset()`` then restores only those and the null slots: on a pool of thousands of slots, copying
+    it whole before every sample costs seconds a case. None: the whole pool.
     """
 
     def __init__(self, states: Tensor, *, v_first: bool = False, dtype: torch.dtype | None = None,
-                 null_slots: int = 0) -> None:
+                 null_slots: int = 0, slots: Tensor | None = None) -> None:
         pool = (swap_kv(states) if v_first else states).to(dtype or states.dtype)
         if null_slots:
             pool = torch.cat([pool.new_zeros(null_slots, *pool.shape[1:]), pool])
         self.v_first, self.null_slots, self.dtype = v_first, null_slots, states.dtype
-        self.pristine = pool.contiguous()
-        self.pool = self.pristine.clone()
+        self.pool = pool.contiguous().clone()
+        self._rows: Tensor | None = None
+        if slots is not None:
+            used = slots.flatten().long()
+            used = used[used >= 0] + null_slots  # host sync, in prepare: the rows never change
+            self._rows = torch.cat([torch.arange(null_slots, device=used.device), used]).unique()
+        self._saved = self.pool.clone() if self._rows is None else self.pool.index_select(0, self._rows)
 
     def reset(self) -> None:
-        self.pool.copy_(self.pristine)
+        if self._rows is None:
+            self.pool.copy_(self._saved)
+        else:
+            self.pool.index_copy_(0, self._rows, self._saved)
 
     def canonical(self) -> Tensor:
         pool = self.pool[self.null_slots:]
-        return (swap_kv(pool) if self.v_first else pool).to(self.dtype)
+        states = (swap_kv(pool) if self.v_first else pool).to(self.dtype)
+        # a snapshot, never a view: the harness poisons outputs, and reset() restores only the used slots
+        return states.clone() if states.data_ptr() == pool.data_ptr() else states
 
 
 class GatheredPool(StatePool):
@@ -124,7 +138,7 @@ class GatheredPool(StatePool):
         slots = p.slot_idx.long()
         if bool((slots < 0).any()):  # host sync, but in prepare: a -1 would silently address the last slot
             raise ValueError("slot_idx has padding entries (< 0); a gathered pool has no padding sentinel")
-        super().__init__(p.state_pool, v_first=v_first)
+        super().__init__(p.state_pool, v_first=v_first, slots=slots)
         self.slots = slots
 
     def gather(self) -> Tensor:

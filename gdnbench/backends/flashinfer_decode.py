@@ -34,7 +34,7 @@ def flashinfer_decode(p: Problem) -> Prepared:
     """FlashInfer T=1 decode on a V-first pool, gating fused (gating: raw only; K=128; SM90+)."""
     from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
-    pool = convert.StatePool(p.state_pool, v_first=True)
+    pool = convert.StatePool(p.state_pool, v_first=True, slots=p.slot_idx)
     pins = accepted(gated_delta_rule_decode_pretranspose, backend="flashinfer")
     gates = fused_gating(p)
     result: dict[str, torch.Tensor] = {}

@@ -39,7 +39,7 @@ def flashinfer_mtp(p: Problem) -> Prepared:
     """FlashInfer multi-token (spec-verify) decode, T>=2, gating fused (gating: raw only; K=128; SM90+)."""
     from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose, gated_delta_rule_mtp
 
-    pool = convert.StatePool(p.state_pool, v_first=True)
+    pool = convert.StatePool(p.state_pool, v_first=True, slots=p.slot_idx)
     common = dict(q=p.q, k=p.k, v=p.v, **fused_gating(p), scale=p.scale, use_qk_l2norm=p.qk_l2norm_in_kernel,
                   initial_state=pool.pool, initial_state_indices=p.slot_idx, output_state_indices=None,
                   intermediate_states_buffer=None, disable_state_update=False)

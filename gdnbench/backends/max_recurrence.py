@@ -89,7 +89,7 @@ def max_recurrence(p: Problem) -> Prepared:
     device_id = p.device.index if p.device.index is not None else torch.cuda.current_device()
     accel = Accelerator(id=device_id)
     decode = p.case.op == "decode"
-    pool = StatePool(p.state_pool if decode else initial_states(p))
+    pool = StatePool(p.state_pool, slots=p.slot_idx) if decode else StatePool(initial_states(p))
     qkv = pack_qkv(p.q, p.k, p.v)
     decay = flat_tokens(alpha(p.g))
     beta = flat_tokens(p.beta.to(torch.float32, copy=True))  # a copy: raw gating writes into it

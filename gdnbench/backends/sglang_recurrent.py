@@ -28,7 +28,7 @@ def sglang_recurrent(p: Problem) -> Prepared:
         fused_sigmoid_gating_delta_rule_update,
     )
 
-    pool = StatePool(p.state_pool, v_first=True)
+    pool = StatePool(p.state_pool, v_first=True, slots=p.slot_idx)
     common = dict(q=p.q, k=p.k, v=p.v, scale=p.scale, initial_state_source=pool.pool,
                   initial_state_indices=p.slot_idx, use_qk_l2norm_in_kernel=p.qk_l2norm_in_kernel)
     if p.case.gating == "raw":

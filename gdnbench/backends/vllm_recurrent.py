@@ -34,7 +34,7 @@ def vllm_recurrent(p: Problem) -> Prepared:
     """vLLM's vendored FLA decode (fused_recurrent / fused_sigmoid_gating), in place on a V-first pool."""
     ops = vllm_ops()
     T = p.q.shape[1]
-    pool = StatePool(p.state_pool, v_first=True, null_slots=1)
+    pool = StatePool(p.state_pool, v_first=True, null_slots=1, slots=p.slot_idx)
     common = dict(q=p.q, k=p.k, v=p.v, scale=p.scale, initial_state=pool.pool, inplace_final_state=True,
                   ssm_state_indices=vllm_state_indices(p.slot_idx, T),
                   use_qk_l2norm_in_kernel=p.qk_l2norm_in_kernel)
