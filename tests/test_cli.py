@@ -61,6 +61,18 @@ def test_smoke_suite_runs_and_writes_everything(tmp_path):
     assert f"every case: {shared}" in res.output  # said once above the table, not on every row
 
 
+def test_check_only_checks_everything_and_times_one_call(tmp_path):
+    """--check-only: the same rows and verdicts, one timed call each, and run.json says so."""
+    out = tmp_path / "out"
+    res = run("smoke", "--out", out, "--check-only")
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 12 and (df["status"] == Status.PASS).all() and (df["n"] == 1).all()
+    assert (df["rel_err_o"] < 1e-5).all()
+    timing = json.loads((out / "run.json").read_text())["timing"]
+    assert timing["min_samples"] == timing["max_samples"] == 1 and timing["max_time_s"] == 0
+
+
 def test_misbehaving_backends_become_rows_and_the_run_goes_on(tmp_path):
     names = ["fake.ok", "raises", "nan", "wrong", "oom", "missing"]
     backends = ["tests.fake_backends:" + ("ok" if n == "fake.ok" else n) for n in names]

@@ -99,6 +99,10 @@ RayOpt = Annotated[Optional[str], typer.Option(
 ShardOpt = Annotated[Optional[str], typer.Option(
     "--shard", help="Run shard I of N (e.g. 2/4): whole cases, dealt by estimated cost so the shards take about "
                     "equal time; `gdnbench merge` joins the shards' runs.")]
+CheckOnlyOpt = Annotated[bool, typer.Option(
+    "--check-only", help="A correctness sweep: check every backend on every case as always, but time one call of "
+                         "each (no minimum time, no convergence), so the run takes about what compiling and "
+                         "checking take. Its times say little; make no speedup claim from them.")]
 ForceOpt = Annotated[bool, typer.Option(
     "--force", help="Replace the run in --out: delete its results, samples, run.json and the plot and report "
                     "made from them. Without it, an --out that holds a run exits 2.")]
@@ -110,7 +114,7 @@ def run(
     out: OutOpt = None, dump: DumpOpt = None, strict: StrictOpt = False, interleave: InterleaveOpt = None,
     copy_reference: CopyReferenceOpt = False, resume: ResumeOpt = False, isolate: IsolateOpt = True,
     retry_failed: RetryFailedOpt = False, history: HistoryOpt = True, gpus: GpusOpt = None, ray: RayOpt = None,
-    shard: ShardOpt = None, force: ForceOpt = False,
+    shard: ShardOpt = None, check_only: CheckOnlyOpt = False, force: ForceOpt = False,
 ) -> None:
     """Run SUITE: every case on every backend, checked against the reference, then timed.
 
@@ -137,7 +141,7 @@ def run(
         die("--ray and --gpus: give one of them (Ray places the cases on its GPUs itself)")
     devices = _devices(gpus, dev, isolate) if gpus is not None else None
     dev = devices[0] if devices is not None else dev
-    config = _timing_config(suite, dev, timer, l2)
+    config = _timing_config(suite, dev, timer, l2, check_only)
 
     seed = seed if seed is not None else suite.seed
     if interleave is None:
@@ -209,8 +213,10 @@ def run(
 
     _report(run_dir, meta, dump=dump, strict=strict, history=history)
 
-def _timing_config(suite: Suite, dev: torch.device, timer: TimerOpt | None, l2: L2Opt | None) -> TimingConfig:
-    """The suite's timing settings with --timer and --l2 applied, for ``dev``; exit 2 on a CPU with a GPU timer."""
+def _timing_config(suite: Suite, dev: torch.device, timer: TimerOpt | None, l2: L2Opt | None,
+                   check_only: bool = False) -> TimingConfig:
+    """The suite's timing settings with --timer, --l2 and --check-only (one warm-up, one sample) applied, for
+    ``dev``; exit 2 on a CPU with a GPU timer."""
     timer_name = timer.value if timer else suite.timing.timer
     if timer_name == "auto":
         timer_name = default_timer(dev)
@@ -218,6 +224,9 @@ def _timing_config(suite: Suite, dev: torch.device, timer: TimerOpt | None, l2: 
         die(f"timer {timer_name!r} needs a CUDA device; on cpu only 'wall' exists")
     t = suite.timing
     l2_mode = "warm" if dev.type == "cpu" else (l2.value if l2 else t.l2)  # no L2 flush on a CPU
+    if check_only:
+        return TimingConfig(timer=timer_name, l2=l2_mode, warmup=1, min_samples=1, max_samples=1, min_time_s=0.0,
+                            max_time_s=0.0, rel_ci=t.rel_ci)
     return TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup, min_samples=t.min_samples,
                         max_samples=t.max_samples, min_time_s=t.min_time_s, max_time_s=t.max_time_s,
                         rel_ci=t.rel_ci)
