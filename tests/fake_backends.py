@@ -9,6 +9,8 @@ import time
 from dataclasses import replace
 
 import torch
+import triton
+import triton.language as tl
 
 from gdnbench.backends import Outputs, Prepared, backend
 from gdnbench.backends.torch_common import prepare as reference_prepare
@@ -197,4 +199,22 @@ def native_hang(p):
     # a hang the Python-level limit cannot end, as one inside a library's C code: SIGALRM never gets through
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(3600)
+
+
+@triton.jit
+def _store_far(ptr):
+    tl.store(ptr + (1 << 40), 1.0)
+
+
+@backend("fake.illegal_address", ops={"prefill", "decode"}, devices={"cuda"}, gating={"pre", "raw"})
+def illegal_address(p):
+    """A kernel that stores far past its buffer: a sticky CUDA error (an illegal memory access) that leaves the
+    process's context unusable, as a kernel with a bad index does."""
+    buf = torch.zeros(1, device=p.q.device)
+
+    def call() -> None:
+        _store_far[(1,)](buf)
+        torch.cuda.synchronize()
+
+    return Prepared(call, lambda: Outputs(o=torch.zeros_like(p.v)), None, "fake")
 

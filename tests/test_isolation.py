@@ -5,6 +5,8 @@ import csv
 import json
 
 import pandas as pd
+import pytest
+import torch
 import yaml
 from typer.testing import CliRunner
 
@@ -55,6 +57,26 @@ def test_every_fault_becomes_its_row_and_the_run_completes(tmp_path):
     res = CliRunner().invoke(app, ["run", str(suite), "--device", "cpu", "--out", str(out), "--resume"])
     assert res.exit_code == 1, res.output
     assert (out / "results.csv").read_text() == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_an_illegal_memory_access_is_a_row_and_the_next_case_gets_a_fresh_worker(tmp_path):
+    """On a GPU: a backend whose kernel hits an illegal address gets an ERROR row naming it, the worker with the
+    lost context is replaced, and the next case's rows PASS; the run completes (exit 0: errors alone)."""
+    suite = tmp_path / "illegal.yaml"
+    suite.write_text(yaml.safe_dump({
+        "name": "illegal", "backends": ["torch.recurrent", "tests.fake_backends:illegal_address"],
+        "timing": {"warmup": 1, "min_samples": 2, "max_samples": 3, "min_time_s": 0.0, "max_time_s": 0.3},
+        "cases": [{"B": 1, "T": T, "H": 1, "HV": 2, "D": 8, "dtype": "fp32"} for T in (6, 7)]}))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(suite), "--device", "cuda", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    df = pd.read_csv(out / "results.csv")
+    assert len(df) == 4
+    assert (df[df.backend == "torch.recurrent"].status == "PASS").all()
+    bad = df[df.backend == "fake.illegal_address"]
+    assert (bad.status == "ERROR").all() and bad.error.str.contains("illegal memory access").all(), bad.error
 
 
 def _registered_name(spec: str) -> str:
