@@ -58,7 +58,8 @@ def triton_recurrent(p: Problem) -> Prepared:
     layout = "V-first" if V_FIRST else "K-first"
 
     if case.op == "decode":
-        pool = StatePool(p.state_pool, v_first=V_FIRST, slots=p.slot_idx)  # the pool's own dtype, the kernel's layout
+        # the pool's own dtype, the kernel's layout
+        pool = StatePool(p.state_pool, v_first=V_FIRST, slots=p.slot_idx)
 
         def call() -> None:
             kern.recurrent_gdn(p.q, p.k, p.v, **kw, state_pool=pool.pool, slot_idx=p.slot_idx,

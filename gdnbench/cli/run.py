@@ -6,7 +6,7 @@ import datetime as dt
 import json
 import sqlite3
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
@@ -224,12 +224,12 @@ def _timing_config(suite: Suite, dev: torch.device, timer: TimerOpt | None, l2: 
         die(f"timer {timer_name!r} needs a CUDA device; on cpu only 'wall' exists")
     t = suite.timing
     l2_mode = "warm" if dev.type == "cpu" else (l2.value if l2 else t.l2)  # no L2 flush on a CPU
+    config = TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup, min_samples=t.min_samples,
+                          max_samples=t.max_samples, min_time_s=t.min_time_s, max_time_s=t.max_time_s,
+                          rel_ci=t.rel_ci)
     if check_only:
-        return TimingConfig(timer=timer_name, l2=l2_mode, warmup=1, min_samples=1, max_samples=1, min_time_s=0.0,
-                            max_time_s=0.0, rel_ci=t.rel_ci)
-    return TimingConfig(timer=timer_name, l2=l2_mode, warmup=t.warmup, min_samples=t.min_samples,
-                        max_samples=t.max_samples, min_time_s=t.min_time_s, max_time_s=t.max_time_s,
-                        rel_ci=t.rel_ci)
+        return replace(config, warmup=1, min_samples=1, max_samples=1, min_time_s=0.0, max_time_s=0.0)
+    return config
 
 
 def _report(run_dir: RunDir, meta: dict, *, dump: Path | None, strict: bool, history: bool) -> NoReturn:
