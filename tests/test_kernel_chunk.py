@@ -11,6 +11,8 @@ while the other tests run (tests/interpreter.py), this module's sm_90 compiles a
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -472,3 +474,11 @@ def test_kernels_compiled_before_the_variable_was_set_are_caught(monkeypatch):
     for name in BACKENDS:
         reason = registry()[name].unsupported(case(), CPU)
         assert reason is not None and "imported before TRITON_INTERPRET=1" in reason
+
+
+def test_an_unknown_fp32_dot_precision_stops_the_import_naming_the_variable() -> None:
+    env = dict(os.environ, GDNBENCH_FP32_DOT="tf64")
+    done = subprocess.run([sys.executable, "-c", "import gdnbench_kernels.common.device"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "GDNBENCH_FP32_DOT must be one of ('tf32x3', 'tf32', 'ieee'), got 'tf64'" in done.stderr

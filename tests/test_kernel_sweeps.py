@@ -176,3 +176,23 @@ print(flipped.tolist(), same.tolist())
     assert run.returncode == 0, run.stderr[-2000:]
     touched = [i in (5, 0, 3) for i in range(7)]
     assert run.stdout.split("\n")[-2] == f"{touched} {[not t for t in touched]}"
+
+
+def test_the_whole_sequences_backend_runs_chunks_where_the_default_runs_the_recurrence(tmp_path):
+    """examples.kernel_sweeps.whole_sequences beside triton.chunk_fused on a 4-token prefill: the default plan takes
+    the recurrent kernel (0024), the forced one the chunk pipeline, and both PASS."""
+    import pandas as pd
+
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text("name: tiny\nseed: 0\nreference: {backend: torch.chunk, precision: fp64}\n"
+                     "defaults: {dtype: fp32, H: 1, HV: 2, D: 16}\ncases:\n  - {B: 1, T: 4}\n")
+    plugin = "examples.kernel_sweeps.whole_sequences:chunk_fused_whole_sequences"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, "-m", "gdnbench", "run", str(suite), "-b", f"triton.chunk_fused,{plugin}",
+                          "--out", str(tmp_path / "run"), "--no-history"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = pd.read_csv(tmp_path / "run" / "results.csv").set_index("backend")
+    assert (rows.status == Status.PASS.value).all(), rows[["status", "error"]]
+    assert "recurrent kernel" in rows.loc["triton.chunk_fused", "path"]
+    assert "recurrent kernel" not in rows.loc["sweep.chunk_fused_whole_sequences", "path"]

@@ -41,6 +41,7 @@ def prepare_chunk(p: Problem, *, fused: bool, **forced: Any) -> Prepared:
     in ``forced`` forced; the backends force none, sweeps one at a time), its workspace and output
     allocated, and the call that executes it."""
     from gdnbench_kernels import chunk
+    from gdnbench_kernels.common.device import FP32_DOT
 
     case = p.case
     raw = case.gating == "raw"
@@ -72,6 +73,8 @@ def prepare_chunk(p: Problem, *, fused: bool, **forced: Any) -> Prepared:
         notes.append("raw gating fused")
     if p.qk_l2norm_in_kernel:
         notes.append("q/k l2norm in kernel")
+    if case.dtype == "fp32":
+        notes.append(f"fp32 products {FP32_DOT}")
     if chunk.INTERPRETED:
         notes.append("triton interpreter")
     outputs = lambda: Outputs(o=o, final_state=ws.final_state if case.output_final_state else None)  # noqa: E731

@@ -7,13 +7,15 @@ there, chosen when this module is imported (``common.interpreter``).
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
 from .interpreter import triton_interpreter_on
 
-__all__ = ["EPS", "cast", "softplus", "sigmoid", "dot", "exp"]
+__all__ = ["EPS", "FP32_DOT", "FP32_DOT_PRECISIONS", "cast", "softplus", "sigmoid", "dot", "exp"]
 
 _INTERPRETED = triton_interpreter_on()
 
@@ -30,6 +32,13 @@ _SOFT_BF16_RNE: tl.constexpr = tl.constexpr(_INTERPRETED)
 _UPCAST_BF16_DOT: tl.constexpr = tl.constexpr(_INTERPRETED)
 # The interpreter runs no inline PTX: there, ``exp`` is tl.exp.
 _PTX_EXP: tl.constexpr = tl.constexpr(not _INTERPRETED)
+# fp32 operands' products: "tf32x3" by default, "tf32" (one product, FLA's choice) or "ieee" (CUDA cores), set
+# with GDNBENCH_FP32_DOT before the kernels are imported (docs/decisions/0023-fp32-dots.md).
+FP32_DOT_PRECISIONS = ("tf32x3", "tf32", "ieee")
+FP32_DOT = os.environ.get("GDNBENCH_FP32_DOT", "tf32x3")
+if FP32_DOT not in FP32_DOT_PRECISIONS:
+    raise ValueError(f"GDNBENCH_FP32_DOT must be one of {FP32_DOT_PRECISIONS}, got {FP32_DOT!r}")
+_FP32_DOT: tl.constexpr = tl.constexpr(FP32_DOT)
 
 
 @triton.jit
@@ -75,14 +84,14 @@ def _reciprocal(x):
 
 @triton.jit
 def dot(a, b, FP32: tl.constexpr):
-    """a @ b with fp32 accumulation. FP32 (fp32 operands): three TF32 tensor-core products (each operand split
-    into a TF32 high part and the TF32 remainder, the low x low product dropped), about fp32's accuracy at a
-    fraction of the CUDA-core FMA's time, where one TF32 product keeps 10 of fp32's 23 mantissa bits
-    (docs/decisions/0023-fp32-dots.md)."""
+    """a @ b with fp32 accumulation. FP32 (fp32 operands): by default three TF32 tensor-core products (each
+    operand split into a TF32 high part and the TF32 remainder, the low x low product dropped), about fp32's
+    accuracy at a fraction of the CUDA-core FMA's time, where one TF32 product keeps 10 of fp32's 23 mantissa
+    bits; ``FP32_DOT`` says which (docs/decisions/0023-fp32-dots.md)."""
     if _UPCAST_BF16_DOT and a.dtype == tl.bfloat16:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif FP32:
-        return tl.dot(a, b, input_precision="tf32x3")
+        return tl.dot(a, b, input_precision=_FP32_DOT)
     else:
         return tl.dot(a, b)
 
