@@ -317,8 +317,8 @@ def chunk_intermediates(
 
     ``storage_dtype`` (bf16, fp16 or fp32) rounds the intermediates where a chunked kernel at that input
     precision rounds them: (I + A)^-1, W, U, the operands of the products, the state entering each chunk as
-    the output pass reads it, the writes v_new, and the output (fp32 rounds the products' operands to
-    TF32, as tensor cores do). Arithmetic stays in ``compute_dtype``. The result is not exact: it is what a
+    the output pass reads it, the writes v_new, and the output (fp32 truncates the products' operands to
+    TF32, as tensor cores read them). Arithmetic stays in ``compute_dtype``. The result is not exact: it is what a
     correct kernel at that precision gets, the correctness gate's error floor (gdnbench.check).
     """
     if chunk_size < 1:
@@ -374,20 +374,21 @@ def chunk_intermediates(
                               v_new=tokens(v_new), h=h, o=rnd(tokens(o)), final_state=S)
 
 
-def round_to_tf32(x: Tensor) -> Tensor:
-    """fp32 values rounded to TF32's 10 mantissa bits (nearest, ties away from zero), kept in fp32."""
+def truncate_to_tf32(x: Tensor) -> Tensor:
+    """fp32 values as a tensor core reads them for one TF32 product: the 13 low mantissa bits dropped (toward
+    zero), kept in fp32. Triton hands fp32 registers to the MMA without rounding them first (its "tf32"
+    precision, FLA's), and the truncation's bias accumulates in the state (docs/decisions/0023-fp32-dots.md)."""
     bits = x.float().contiguous().view(torch.int32)
-    rounded = (bits + (1 << 12)) & ~((1 << 13) - 1)
-    finite = torch.isfinite(x)
-    return torch.where(finite, rounded.view(torch.float32), x.float()).to(x.dtype)
+    truncated = bits & ~((1 << 13) - 1)
+    return torch.where(torch.isfinite(x), truncated.view(torch.float32), x.float()).to(x.dtype)
 
 
 def _rounding(storage_dtype: torch.dtype | None) -> Callable[[Tensor], Tensor]:
-    """x -> x rounded to ``storage_dtype`` and back (TF32 for fp32); the identity for None."""
+    """x -> x rounded to ``storage_dtype`` and back (TF32 by truncation for fp32); the identity for None."""
     if storage_dtype is None:
         return lambda x: x
     if storage_dtype == torch.float32:
-        return round_to_tf32
+        return truncate_to_tf32
     if storage_dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"storage_dtype must be bf16, fp16 or fp32, got {storage_dtype}")
     return lambda x: x.to(storage_dtype).to(x.dtype)

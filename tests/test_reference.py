@@ -402,3 +402,18 @@ def test_cuda_matches_cpu():
     assert torch.equal(o[1], torch.zeros_like(o[1]))
     keep = torch.tensor([i not in (4, 8) for i in range(9)], device="cuda")
     assert torch.equal(pool[keep], before[keep]) and not torch.equal(pool[4], before[4])
+
+
+def test_tf32_truncation_drops_the_low_mantissa_bits_toward_zero() -> None:
+    """The fp32 floor reads operands as a tensor core does for one TF32 product: 10 mantissa bits kept, the rest
+    dropped toward zero (never rounded up), non-finite values unchanged."""
+    from gdnbench.reference import truncate_to_tf32
+
+    x = torch.randn(4096, dtype=torch.float32) * torch.logspace(-20, 20, 4096)
+    t = truncate_to_tf32(x)
+    assert (t.view(torch.int32) & ((1 << 13) - 1) == 0).all()
+    assert (t.abs() <= x.abs()).all() and (torch.sign(t) == torch.sign(x)).all()
+    assert ((x - t).abs() < x.abs() * 2.0**-10).all()
+    assert ((x - t) != 0).float().mean() > 0.99  # fresh random values almost never fit in 10 bits
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    assert torch.equal(truncate_to_tf32(special)[:2], special[:2]) and truncate_to_tf32(special)[2].isnan()
