@@ -30,6 +30,14 @@ def test_list_keeps_every_word_at_any_width(columns):
     if not torch.cuda.is_available():
         text = " ".join(re.sub(r"[│┃]", " ", res.output).split())  # a wrapped cell's lines, rejoined
         assert "why not here: runs on cuda, not cpu" in text
+    # every reason whole, a word wider than its column folded onto the next line, never cut
+    assert "…" not in res.output
+    cells = "".join(line.split("│")[3] for line in res.output.splitlines() if line.count("│") == 4)
+    here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    for name, b in registry().items():
+        reason = b.unavailable() or b.unusable_on(here)
+        if reason:
+            assert "".join(reason.removeprefix(f"{name}: ").split()) in "".join(cells.split()), name
 
 
 @pytest.mark.parametrize("columns", [80, 200])

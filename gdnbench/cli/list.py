@@ -15,11 +15,12 @@ from gdnbench.suite import SUITES_DIR, shipped_suites
 def list_() -> None:
     """List backends (whether each runs on this machine, and why not; ops, devices, version) and shipped suites."""
     here = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # two narrow columns and one that wraps at word boundaries: readable at 80 columns
+    # two narrow columns and one that wraps at word boundaries, folding a word (a module path) wider than it
+    # rather than cutting it: readable at 80 columns
     table = Table(title=f"Backends (here: {here.type})", header_style="bold")
     table.add_column("backend", no_wrap=True)
     table.add_column("runs here", no_wrap=True)
-    table.add_column("what it is")
+    table.add_column("what it is", overflow="fold")
     for name, b in registry().items():
         reason = b.unavailable() or b.unusable_on(here)
         runs = Text("yes", style="green") if reason is None else Text("no", style="red")
