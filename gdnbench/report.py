@@ -45,10 +45,15 @@ def short_labels(case_ids: Sequence[str]) -> tuple[list[str], str]:
 
     An id is split into its path parts (``prefill/padded``) and its comma parts (``B=4,T=2048,...``);
     the parts found in every id are dropped from the labels, as they say nothing about the difference
-    between cases, and returned once, for a table's or figure's title. A lone case keeps its whole id.
+    between cases, and returned once, for a table's or figure's title. A lone case is labelled by its path
+    parts, its comma parts said once.
     """
-    if len(case_ids) < 2:
-        return list(case_ids), ""
+    if not case_ids:
+        return [], ""
+    if len(case_ids) == 1:
+        tokens = _tokens(case_ids[0])
+        path = [t for t in tokens if t[0] == "path"]
+        return [_join(path) or case_ids[0]], _join([t for t in tokens if t[0] == "field"]) if path else ""
     tokens = [_tokens(c) for c in case_ids]
     shared = set.intersection(*(set(t) for t in tokens))
     return [_join([t for t in ts if t not in shared]) or c for c, ts in zip(case_ids, tokens)], \

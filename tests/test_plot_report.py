@@ -101,7 +101,9 @@ def test_short_labels_drop_what_every_case_shares():
     labels, shared = short_labels([c for c, _, _ in CASES])
     assert shared == "prefill H=16,HV=32,K=128,V=128,bf16,gn=1,mp=0"
     assert labels == ["padded B=1,T=4096", "padded B=4,T=8192", "varlen N=8,T=4096", "padded B=1,T=32768"]
-    assert short_labels([CASES[0][0]]) == ([CASES[0][0]], "")
+    # a lone case: its path parts label the row, its fields go above the table
+    assert short_labels([CASES[0][0]]) == (["prefill padded"], CASES[0][0].split("/")[-1])
+    assert short_labels(["B=1,T=4"]) == (["B=1,T=4"], "") and short_labels([]) == ([], "")
 
 
 def test_plot_writes_a_png_that_opens(run_dir, tmp_path):
