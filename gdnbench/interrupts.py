@@ -5,11 +5,10 @@ The harness turns a backend's exceptions into result rows, and a failed CUDA gra
 back to the events timer, with ``except Exception``, which a KeyboardInterrupt passes through. But a
 Ctrl-C that lands inside a capture can come back as the capture's own error (torch's graph context ends
 the broken capture on the way out, and that can raise), with the KeyboardInterrupt only as its context.
-Caught there, the run would go on as if nothing had happened. That would explain a GPU run stopped by a
-single SIGINT (``timeout -s INT``) that was later killed with run.json still "running" (not reproduced).
+Caught there, the run would go on as if nothing had happened, run.json still "running".
 
 SIGTERM is what ``timeout``, CI runners and job schedulers send; its default action ends the process on the
-spot, run.json still "running" (a GPU run stopped by ``timeout`` did exactly that). ``sigterm_as_interrupt``
+spot, run.json still "running". ``sigterm_as_interrupt``
 makes a run stop on it as on Ctrl-C.
 """
 

@@ -26,9 +26,8 @@ Options (all compile-time switches of one kernel):
   * fused gating (``gating: raw``): g = -exp(A_log[h]) * softplus(a + dt_bias[h]) (softplus linear above
     20, as torch) and beta = sigmoid(b), from a, b [B, T, HV] and A_log, dt_bias [HV]. Compiled, these
     use the hardware's approximate log and division (log1p's series for tiny arguments), relative error
-    about 1e-5 on g; the interpreter, which has no libdevice, computes them exactly. That took 7-9% of
-    the raw-gating token loop's instructions out (sm_90 SASS, T > 1) and made bf16-pool rows at T = 4
-    3-7% faster on an H100.
+    about 1e-5 on g; the interpreter, which has no libdevice, computes them exactly. That takes 31-33 of
+    the 59-74 instructions raw gating adds to a token (``common.device``) out of the token loop.
 
 
 State layout: K-first or V-first (``v_first``). V-first keeps the per-token reductions over K inside a warp
@@ -208,8 +207,8 @@ def _recurrent_item(
         k_live = tl.where(live, K, 0)
         # scalar: the tile's pointers are rebuilt at the store
         pool_h = pool + (tl.maximum(slot, 0) * HV + i_h) * (K * V)
-        # plain loads and stores of the pool: with eviction_policy="evict_first" on them (meant to keep q/k/v
-        # in L2 while the pool streams through) one-token decode ran 2.6-4.8% slower on an H200
+        # plain loads and stores of the pool: evict_first on them (to keep q/k/v in L2 while the pool streams
+        # through) makes one-token decode slower (docs/decisions/0014-recurrent-tuning.md)
         b_h = tl.load(pool_h + offs_kv, mask=(keys < k_live) & mask_v[:, None, None], other=0.0).to(tl.float32)
     elif USE_H0:
         b_h = tl.load(h0 + (i_n.to(tl.int64) * HV + i_h) * (K * V) + offs_kv, mask=mask_kv, other=0.0).to(tl.float32)

@@ -16,9 +16,8 @@ chunk ahead), so that no load waits on the chain.
 Why a second kernel: Triton (3.6) waits for every wgmma right after issuing it, so the Triton walk runs its
 six products one after the other. Here only K S -> Ai X -> the state
 update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more than 255 registers and
-spilled, slower than the Triton walk at every size tried (H100). Q K^T issued after Ai X, rather than with
-K S, runs while v_new is stored (walk alone, H100: 1-2% at B=1 T=4096..32768 HV=32, 7% at B=4 T=1024
-H=HV=4) and takes 17 fewer registers. So it pays where BV 32's programs make one
+spills. Q K^T issued after Ai X, rather than with K S, runs while v_new is stored and takes 17 fewer
+registers (docs/decisions/0016-gluon-walks.md has both measurements). So it pays where BV 32's programs make one
 wave of two per SM and ``walk_transposed``'s twice as wide ones would leave over half the SMs idle,
 or run long walks one per SM (``plan.walk_default``, with the measurements).
 

@@ -16,14 +16,11 @@ one, or on long walks two (``long_walk``).
 
 Why a second Gluon walk: its programs are twice as wide as ``walk``'s (BV 64 in one warpgroup, 255
 registers; the untransposed kernel spills there), which pays where 64-column programs outnumber the SMs
-(``plan.walk_default``, with the measurements): whole calls 1.15x at qwen3-next B=4 T=8192 and 1.09x at
-parity B=16 T=256 on an H100; in more waves, 1.03-1.15x over the Triton walk on walks of 4 chunks or more.
-On long walks at one program per SM its longer chain per chunk loses to ``walk``'s two narrow ones;
-on walks of 4 to 11 chunks it still wins there, by 1.02-1.13x, down to half the SMs. It also
-walks warm-up segments (``layout.SegmentLayout``: each segment first walks a few chunks before it,
-state only, as ``state``'s Triton walk with WARM_UP), whose sizes give it about two programs per SM:
-1.12-1.26x over the Triton walk on the same segments (qwen3-next B=1, long-prefill, parity's few long walks;
-H100).
+and in more waves, over the Triton walk on walks of 4 chunks or more. On long walks at one program per SM
+its longer chain per chunk loses to ``walk``'s two narrow ones; on walks of 4 to 11 chunks it still wins
+there, down to half the SMs. It also walks warm-up segments (``layout.SegmentLayout``: each segment first
+walks a few chunks before it, state only, as ``state``'s Triton walk with WARM_UP), whose sizes give it about
+two programs per SM (``plan.walk_default``; the measurements are in docs/decisions/0016-gluon-walks.md).
 
 Envelope and short last chunks as ``walk``'s (its ``unsupported``): a short last chunk's columns
 past the sequence end hold the next sequence's tokens, which X, v_new and the masked output store drop.
