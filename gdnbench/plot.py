@@ -156,7 +156,7 @@ def _speedup_panel(ax: Axes, df: pd.DataFrame, backends: list[str], styles: dict
     rows = df[has_sp & (df["backend"] != df["baseline"])]  # the baseline's own 1.0 says nothing
     baselines = sorted(set(df["baseline"].dropna()))
     ax.set_ylabel("speedup (log scale)")
-    ax.set_title(f"Speedup vs {' / '.join(baselines) or 'the baseline'} (baseline median / median), "
+    ax.set_title(f"Speedup vs {' / '.join(baselines) or 'the baseline'} (baseline time / time), "
                  "higher is better", fontsize=10, loc="left")
     if rows.empty:
         ax.text(0.5, 0.5, "no speedups: the run had no baseline or no passing row beside it",

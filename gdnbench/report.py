@@ -102,7 +102,8 @@ def table_grid(df: pd.DataFrame, meta: dict[str, Any]) -> tuple[str, str, list[s
     title = f"{suite} on {dev}" + (f"  ({timers})" if timers else "")
     unit = table_unit([*df.get("median_us", []), *df.get("p95_us", [])])
     caption = (f"median / p95 in {unit}"
-               + (f"; speedup vs {' / '.join(baselines)} (baseline median / median)" if baselines else "")
+               + (f"; speedup vs {' / '.join(baselines)} = baseline time / time (interleaved: the rounds' median)"
+                  if baselines else "")
                + "; ~ = did not converge; interp = Triton interpreter; thr = timed while the GPU throttled")
     headers = [b + (" (base)" if b in baselines else "") for b in backends]
     rows = []

@@ -276,8 +276,9 @@ def _timing_columns(m: Measurement, case: Case, opts: RunOptions, copy: Measurem
 
 
 def _add_speedups(rows: list[Row], baseline: str | None, samples: list[dict], paired: bool) -> None:
-    """speedup = baseline median / backend median, with a 95% bootstrap CI from the raw samples, for timed
-    PASS rows when the baseline passed; ``paired`` when they were timed interleaved, round by round."""
+    """speedup = baseline over backend, with a 95% bootstrap CI from the raw samples, for timed PASS rows when
+    the baseline passed: the median per-round ratio when ``paired`` (timed interleaved, round by round), else the
+    ratio of medians (docs/decisions/0025-paired-intervals.md)."""
     if baseline is None:
         return
     ref = next((r for r in rows if r.backend == baseline), None)

@@ -75,19 +75,44 @@ def test_median_ci_known_ranks_and_tiny_n() -> None:
         median_ci([1.0, 2.0], confidence=1.0)
 
 
-def test_a_paired_ratio_interval_cancels_the_drift_both_sides_share() -> None:
+def test_a_paired_ratio_is_the_median_per_round_ratio_and_cancels_the_drift_both_sides_share() -> None:
     """Interleaved timing: sample i of A and of B come from round i, and drift (clocks, heat) moves both.
-    Resampling rounds whole keeps the ratio's interval tight; resampling each side on its own does not."""
+    The per-round ratio cancels it, so its interval is tight; resampling each side on its own is not."""
     from gdnbench.stats import median_ratio_ci
 
-    rng = np.random.default_rng()
-    drift = rng.uniform(1.0, 3.0, 400)  # a round's slowdown, shared by its two samples
-    true = rng.uniform(0.5, 2.0)
-    a = 100.0 * drift * rng.normal(1.0, 0.002, drift.size)
-    b = a / true * rng.normal(1.0, 0.002, drift.size)
-    ratio, lo, hi = median_ratio_ci(a, b, paired=True)
-    _, ulo, uhi = median_ratio_ci(a, b)
-    assert lo <= true * 1.01 and hi >= true * 0.99
-    assert (hi - lo) < (uhi - ulo) / 5
+    rng = np.random.default_rng()  # fresh inputs every run
+    covered, trials = 0, 40
+    for t in range(trials):
+        drift = rng.uniform(1.0, 3.0, 400)  # a round's slowdown, shared by its two samples
+        true = rng.uniform(0.5, 2.0)
+        a = 100.0 * drift * rng.normal(1.0, 0.002, drift.size)
+        b = a / true * rng.normal(1.0, 0.002, drift.size)
+        ratio, lo, hi = median_ratio_ci(a, b, paired=True)
+        assert ratio == np.median(a / b) and lo <= ratio <= hi
+        covered += lo <= true <= hi
+        if t == 0:
+            _, ulo, uhi = median_ratio_ci(a, b)
+            assert (hi - lo) < (uhi - ulo) / 5
+    assert covered >= 31  # nominal 95%: 38 of 40; 30 or fewer has probability 2e-5
     with pytest.raises(ValueError, match="one of each per round"):
         median_ratio_ci(a, b[:-1], paired=True)
+
+
+def test_a_paired_ratio_covers_1_when_the_two_sides_differ_in_shape_but_not_round_by_round() -> None:
+    """An A/A run: the two series' distributions differ in shape (B's fast rounds stretch upwards, as
+    placement can do), yet every round's ratio is 1 within noise. The ratio of medians is then off 1; the
+    median per-round ratio is not."""
+    from gdnbench.stats import median_ratio_ci
+
+    rng = np.random.default_rng()  # fresh inputs every run
+    covered, trials, n = 0, 40, 400
+    for _ in range(trials):
+        slow = rng.random(n) < 0.3  # bimodal, skewed drift: 70% fast rounds with a tail, 30% slow ones
+        a = 100.0 * np.where(slow, rng.normal(1.05, 0.01, n), 1.0 + rng.exponential(0.005, n))
+        z = rng.normal(0.0, 1.0, n)
+        noise = 1.0 + np.where(slow | (z < 0), 1e-4, 4e-3) * z  # median 1 in every round, skewed in fast ones
+        b = a * noise
+        ratio, lo, hi = median_ratio_ci(a, b, paired=True)
+        assert np.median(a) / np.median(b) < lo  # the shapes differ: the ratio of medians misleads
+        covered += lo <= 1.0 <= hi
+    assert covered >= 31
