@@ -26,8 +26,7 @@ Options (all compile-time switches of one kernel):
   * fused gating (``gating: raw``): g = -exp(A_log[h]) * softplus(a + dt_bias[h]) (softplus linear above
     20, as torch) and beta = sigmoid(b), from a, b [B, T, HV] and A_log, dt_bias [HV]. Compiled, these
     use the hardware's approximate log and division (log1p's series for tiny arguments), relative error
-    about 1e-5 on g; the interpreter, which has no libdevice, computes them exactly. That takes 31-33 of
-    the 59-74 instructions raw gating adds to a token (``common.device``) out of the token loop.
+    about 1e-5 on g; the interpreter, which has no libdevice, computes them exactly (why: ``common.device``).
 
 
 State layout: K-first or V-first (``v_first``). V-first keeps the per-token reductions over K inside a warp
