@@ -496,11 +496,12 @@ def test_whole_walks_beside_warm_up_segments_only_on_long_walks(T, whole_walks, 
     (1, 1, None, True), (4, 8, None, True), (1, 9, None, False),  # RECURRENT_MAX_TOKENS is 8
     (1, 0, [3, 8, 1], True), (1, 0, [3, 9, 1], False),  # the longest sequence decides
     (16, 8, None, True), (17, 8, None, False), (1, 0, [8] + [1] * 16, False),  # 4 heads: RECURRENT_MAX_STEPS 512
+    (512, 1, None, True), (1, 0, [1] * 300, True),  # one token a sequence: any batch
 ])
 def test_tiny_prefills_run_token_by_token(B, T, seqs, recurrent):
     """default_plan sends calls whose longest sequence has RECURRENT_MAX_TOKENS tokens or fewer, and whose
-    sequences x value heads x longest length is RECURRENT_MAX_STEPS or fewer, to the recurrent kernel, unless a
-    field is forced; the plan's walk and prep say so, and describe names it."""
+    sequences x value heads x longest length is RECURRENT_MAX_STEPS or fewer (any number where every sequence has
+    one token), to the recurrent kernel, unless a field is forced; the plan's walk and prep say so, and describe names it."""
     from gdnbench_kernels import chunk
 
     cu = None if seqs is None else torch.tensor([0, *itertools.accumulate(seqs)])

@@ -94,7 +94,8 @@ WHOLE_WALKS_MIN_CHUNKS = 64
 # of the longest sequence from a smaller fixed cost than a chunk's prep and walk, and with the (sequence, value
 # head) pairs once they outnumber what the GPU runs at once (docs/decisions/0024-tiny-prefill.md).
 RECURRENT_MAX_TOKENS = 8
-# ... and only where sequences x value heads x the longest sequence's tokens stay within this many steps
+# ... and only where sequences x value heads x the longest sequence's tokens stay within this many steps, unless
+# every sequence has one token: one step then costs less than a chunk's prep and walk at any batch (0024)
 RECURRENT_MAX_STEPS = 512
 
 # walk=RECURRENT: no chunks; the whole call is one launch of the recurrent kernel (gdnbench_kernels.recurrent)
@@ -102,8 +103,11 @@ RECURRENT = "recurrent"
 
 
 def recurrent_pays(layout: ChunkLayout, HV: int) -> bool:
-    """Whether the recurrent kernel beats the chunks on this call: its longest sequence has RECURRENT_MAX_TOKENS
-    tokens or fewer, and its sequences x value heads x that length is RECURRENT_MAX_STEPS or fewer."""
+    """Whether the recurrent kernel beats the chunks on this call: every sequence has one token, or the longest
+    has RECURRENT_MAX_TOKENS tokens or fewer and its sequences x value heads x that length is RECURRENT_MAX_STEPS
+    or fewer."""
+    if layout.max_len == 1:
+        return True
     return 0 < layout.max_len <= RECURRENT_MAX_TOKENS and layout.N * HV * layout.max_len <= RECURRENT_MAX_STEPS
 
 
