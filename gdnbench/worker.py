@@ -17,6 +17,7 @@ The worker's stderr (library warnings, compiler messages) goes to ``worker.log``
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -42,6 +43,7 @@ WORKER_LOG = "worker.log"
 START_S = 300.0  # a fresh worker imports torch and the backends' libraries before its first step
 GRACE_S = 10.0  # past a step's own limit: the worker's Python-level limit gets to make a TIMEOUT row first
 TAIL_LINES = 6  # of the worker's stderr, on a CRASH row
+FAULT_FRAMES = 3  # innermost Python frames of a fatal signal's trace, on a CRASH row
 
 
 class HarnessError(RuntimeError):
@@ -59,6 +61,7 @@ class CaseWorker:
         self.specs = specs
         self._proc: multiprocessing.process.BaseProcess | None = None
         self._conn: multiprocessing.connection.Connection | None = None
+        self._log_offset = 0  # where the current worker's stderr starts in the log
 
     def run_case(self, case: Case, backends: Sequence[Backend], suite: Suite, opts: RunOptions,
                  on_step: Callable[[str], None] = lambda _s: None) -> tuple[list[Row], list[dict], str | None]:
@@ -132,6 +135,7 @@ class CaseWorker:
         if self._proc is not None and self._proc.is_alive():
             return
         self.close()
+        self._log_offset = self.log.stat().st_size if self.log.is_file() else 0
         parent, child = multiprocessing.Pipe()
         self._proc = multiprocessing.get_context("spawn").Process(
             target=_serve, args=(child, str(self.log)), name="gdnbench-worker", daemon=True)
@@ -147,7 +151,11 @@ class CaseWorker:
             cause = f"the worker was killed by {signal.Signals(-code).name}"
         else:
             cause = f"the worker exited with code {code}"
-        tail = _tail(self.log, TAIL_LINES)
+        lines = _log_lines(self.log, self._log_offset)
+        fault = fatal_signal_frames(lines, FAULT_FRAMES)
+        if fault:
+            return f"{cause}; where it was (innermost Python frames first): {' | '.join(fault)}"
+        tail = lines[-TAIL_LINES:]
         return cause + (f"; its last stderr lines: {' | '.join(tail)}" if tail else "")
 
 
@@ -164,12 +172,35 @@ def _step_limit(step: Step, suite: Suite) -> float:
     return suite.timing.timeout_s * max(1, len(step.backends)) + GRACE_S
 
 
-def _tail(path: Path, n: int) -> list[str]:
+def _log_lines(path: Path, offset: int) -> list[str]:
+    """The log's non-blank lines from byte ``offset`` on, stripped and cut to 300 characters."""
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
     except OSError:
         return []
-    return [line.strip()[:300] for line in lines if line.strip()][-n:]
+    return [line.strip()[:300] for line in text.splitlines() if line.strip()]
+
+
+def fatal_signal_frames(lines: Sequence[str], n: int) -> list[str]:
+    """From stderr lines holding a ``faulthandler`` trace (the worker enables it): the fatal error and the
+    ``n`` innermost frames of the thread it hit, e.g. ``["Fatal Python error: Segmentation fault", 'File
+    "lib.py", line 9 in init']``; [] when there is no trace. A native crash prints nothing else, so these
+    frames are what names the call that crashed."""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Fatal Python error:")]
+    if not starts:
+        return []
+    trace = lines[starts[-1] + 1:]
+    # every thread's stack is dumped, in no set order; the one that crashed is the "Current thread"
+    current = next((i for i, line in enumerate(trace) if line.startswith(("Current thread", "Stack ("))), 0)
+    frames = []
+    for line in trace[current:]:
+        if line.startswith("File "):
+            frames.append(line)
+        elif frames:  # its frames end where the next block begins
+            break
+    return [lines[starts[-1]], *frames[:n]]
 
 
 def _serve(conn: multiprocessing.connection.Connection, log: str) -> None:
@@ -178,6 +209,7 @@ def _serve(conn: multiprocessing.connection.Connection, log: str) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 2)
     os.close(fd)
+    faulthandler.enable()  # a fatal signal leaves the Python stack in the log: the CRASH row names the call
     while True:
         try:
             case, specs, suite, opts = conn.recv()

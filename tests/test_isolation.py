@@ -3,6 +3,7 @@ completes, and --resume keeps the rows (or, with --retry-failed, runs those case
 
 import csv
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -21,7 +22,9 @@ FAULTS = {  # backend -> (status, what its error must say)
     "tests.fake_backends:slow": ("TIMEOUT", "exceeded the 2 s limit"),
     "tests.fake_backends:native_hang": ("TIMEOUT", "hung outside Python, so the worker was killed"),
     "tests.fake_backends:exits": ("CRASH", "exited with code 3; its last stderr lines: fake.exits: leaving"),
-    "tests.fake_backends:segfault": ("CRASH", "killed by SIGSEGV"),
+    # faulthandler's trace names the Python call that crashed: the backend's own frame
+    "tests.fake_backends:segfault": ("CRASH", "killed by SIGSEGV; where it was (innermost Python frames first): "
+                                              "Fatal Python error: Segmentation fault"),
 }
 
 
@@ -47,6 +50,7 @@ def test_every_fault_becomes_its_row_and_the_run_completes(tmp_path):
         row = first.loc[_registered_name(name)]
         assert row.status == status, (name, row.status, row.error)
         assert needle in str(row.error), (name, row.error)
+    assert re.search(r'fake_backends\.py", line \d+ in segfault', first.loc["fake.segfault"].error)
     huge = df[df["T"] == 2_000_000]
     assert set(huge.status) == {"TIMEOUT"} and len(huge) == len(FAULTS)
     assert huge.error.str.contains("building the inputs and the reference").all()
@@ -156,3 +160,19 @@ def test_sigterm_stops_the_worker_and_resume_finishes_the_run(tmp_path):
                                    "--no-history"])
     df = pd.read_csv(out / "results.csv")
     assert len(df) == 4 and set(df[df.backend == "fake.slow"].status) == {"TIMEOUT"}, res.output
+
+
+def test_fatal_signal_frames_reads_the_innermost_frames_of_the_last_trace():
+    """A faulthandler trace after other output: the fatal error and the innermost frames of the thread it hit
+    (not another thread's, not an earlier trace's); no trace gives nothing."""
+    from gdnbench.worker import fatal_signal_frames
+
+    lines = ["a warning", "Fatal Python error: Aborted", 'File "old.py", line 1 in gone',
+             "Fatal Python error: Segmentation fault", "Thread 0x2 (most recent call first):",
+             'File "threading.py", line 3 in wait', "Current thread 0x1 (most recent call first):",
+             'File "lib.py", line 9 in init', 'File "adapter.py", line 40 in prepare', 'File "runner.py", line 5 in run',
+             "Extension modules: torch._C (total: 1)"]
+    assert fatal_signal_frames(lines, 2) == ["Fatal Python error: Segmentation fault", 'File "lib.py", line 9 in init',
+                                             'File "adapter.py", line 40 in prepare']
+    assert fatal_signal_frames(lines, 5)[-1] == 'File "runner.py", line 5 in run'
+    assert fatal_signal_frames(["only", "warnings"], 3) == []
