@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from gdnbench import history
+from gdnbench import history, published
 from gdnbench.results import RunFilesError, Status, load_run
 
 BUNDLED_PREFIX = "triton."  # the kernels under kernels/
@@ -43,6 +43,7 @@ def render(baselines: Path) -> str:
         parts.append(f"## {gpu_dir.name}\n")
         for run in runs:
             parts.append(_section(f"{gpu_dir.name}/{run.name}", run))
+    parts.append(_published(baselines))
     parts.append(_steps(baselines))
     return "\n".join(parts)
 
@@ -69,6 +70,51 @@ def _steps(baselines: Path) -> str:
             lines.append(f"| {gpu} | `{case_id}` | `{backend}` | `{before.git_sha[:7]}` -> `{point.git_sha[:7]}` "
                          f"| {medians} | {point.verdict} |")
     return "\n".join(lines) + "\n"
+
+
+WRITE_UP = "gdn_cuda.chunk"  # the write-up's own kernel, when a baseline holds it
+FLA = "fla.chunk"
+
+
+def _published(baselines: Path) -> str:
+    """Per GPU, each parity case's published FLA / write-up ratio beside the ratios measured here, all from one
+    run (the latest baseline that timed FLA on the case): FLA over the write-up's kernel, and over the fastest
+    bundled kernel."""
+    lines = ["## The published comparison\n",
+             f"`{published.SUITE}`'s cases: the write-up's FLA / its kernel (`gdnbench/published.py`) beside FLA's "
+             f"median over `{WRITE_UP}` (empty where no baseline ran it) and over the fastest bundled kernel, both "
+             "from one run (the latest baseline that timed FLA on the case, named in the last column). Above 1 the "
+             "kernel is faster than FLA.\n"]
+    for gpu_dir in sorted(p for p in baselines.iterdir() if p.is_dir()):
+        chosen: dict[str, tuple[str, pd.DataFrame]] = {}  # case_id -> (run, its rows)
+        runs = []
+        for run in sorted(p for p in gpu_dir.iterdir() if (p / "results.csv").is_file()):
+            df, meta = load_run(run)
+            if (meta.get("suite") or {}).get("name") == published.SUITE:
+                runs.append((meta.get("created_utc", ""), run.name, df))
+        for _, name, df in sorted(runs, key=lambda r: r[:2]):  # later runs replace earlier ones
+            for case_id, rows in df.groupby("case_id", sort=False):
+                if any(r["backend"] == FLA and _has_time(r) for _, r in rows.iterrows()):
+                    chosen[case_id] = (name, rows)
+        if not chosen:
+            continue
+        lines += [f"### {gpu_dir.name}\n", f"| case | published | `{WRITE_UP}` | bundled | run |",
+                  "| --- | ---: | ---: | ---: | --- |"]
+        for case_id, (name, rows) in chosen.items():
+            by_backend = {r["backend"]: r for _, r in rows.iterrows()}
+            medians = {b: float(r["median_us"]) for b, r in by_backend.items() if _has_time(r)}
+            bundled = [t for b, t in medians.items() if b.startswith(BUNDLED_PREFIX)]
+            mine = _ratio(medians[FLA], min(bundled)) if bundled else ""
+            theirs = (_ratio(medians[FLA], medians[WRITE_UP]) if WRITE_UP in medians
+                      else str(by_backend[WRITE_UP]["status"]) if WRITE_UP in by_backend else "")
+            figure = published.published_speedup(rows.iloc[0].to_dict())
+            lines.append(f"| `{case_id}` | {'' if figure is None else f'{figure:.2f}'} | {theirs} | {mine} | {name} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(numerator: float, denominator: float) -> str:
+    return f"{numerator / denominator:.2f}"
 
 
 def _cell_value(median: float | None) -> str:

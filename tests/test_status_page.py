@@ -62,3 +62,41 @@ def test_steps_between_baselines_of_the_same_case(tmp_path):
     steps = status_page.render(tmp_path).split("## Steps between baselines")[1]
     rows = [line for line in steps.splitlines() if line.startswith("| NVIDIA")]
     assert len(rows) == 1 and "`aaaaaaa` -> `bbbbbbb`" in rows[0] and rows[0].endswith("| SLOWER |")
+
+
+def test_every_parity_case_has_its_published_figure():
+    """gdnbench.published covers the shipped parity suite exactly: one figure per case, none left over."""
+    from gdnbench import published
+    from gdnbench.suite import load_suite
+
+    cases = load_suite(ROOT / "suites" / "parity.yaml").cases
+    figures = [published.published_speedup(c.model_dump()) for c in cases]
+    assert None not in figures
+    assert len(cases) == len(published.PADDED) + len(published.VARLEN)
+    assert published.published_speedup({"mode": "padded", "B": 5, "T": 63, "H": 1, "K": 64, "gate_norm": 1,
+                                        "mask_p": 0}) is None
+
+
+def test_published_comparison_sets_measured_ratios_beside_the_figure(tmp_path):
+    """A parity baseline with FLA, the write-up's kernel and two bundled kernels: the section gives the published
+    figure, FLA over gdn_cuda and FLA over the faster bundled kernel of that run; a later run of the case
+    replaces an earlier one; a baseline of another suite adds nothing."""
+    fla, theirs, ours, slower = (random.uniform(50, 100) for _ in range(4))
+    case = {"case_id": "prefill/padded/p", "mode": "padded", "B": 4, "T": 1024, "H": 4, "K": 128,
+            "gate_norm": 1.0, "mask_p": 0.0}
+
+    def write(name: str, created: str, suite: str, medians: dict[str, float]) -> None:
+        run = tmp_path / "h200" / name
+        run.mkdir(parents=True)
+        pd.DataFrame([{**case, "backend": b, "status": Status.PASS, "median_us": t} for b, t in medians.items()]
+                     ).to_csv(run / "results.csv", index=False)
+        (run / "run.json").write_text(json.dumps({"status": "complete", "created_utc": created,
+                                                  "suite": {"name": suite}}))
+
+    write("a-old", "2026-01-01", "parity", {"fla.chunk": 1.0, "triton.chunk_fused": 1.0})
+    write("b-new", "2026-02-01", "parity", {"fla.chunk": fla, "gdn_cuda.chunk": theirs,
+                                            "triton.chunk_fused": ours, "triton.chunk": ours + slower})
+    write("c-other", "2026-03-01", "qwen3-next", {"fla.chunk": 1.0, "triton.chunk_fused": 1.0})
+    section = status_page.render(tmp_path).split("## The published comparison")[1].split("## Steps")[0]
+    assert f"| `prefill/padded/p` | 1.23 | {fla / theirs:.2f} | {fla / ours:.2f} | b-new |" in section
+    assert section.count("`prefill/padded/p`") == 1
