@@ -94,16 +94,15 @@ def _published(baselines: Path) -> str:
                 runs.append((meta.get("created_utc", ""), run.name, df))
         for _, name, df in sorted(runs, key=lambda r: r[:2]):  # later runs replace earlier ones
             for case_id, rows in df.groupby("case_id", sort=False):
-                if any(r["backend"] == FLA and _has_time(r) for _, r in rows.iterrows()):
+                if FLA in _timed(rows)[1]:
                     chosen[case_id] = (name, rows)
         if not chosen:
             continue
         lines += [f"### {gpu_dir.name}\n", f"| case | published | `{WRITE_UP}` | bundled | run |",
                   "| --- | ---: | ---: | ---: | --- |"]
         for case_id, (name, rows) in chosen.items():
-            by_backend = {r["backend"]: r for _, r in rows.iterrows()}
-            medians = {b: float(r["median_us"]) for b, r in by_backend.items() if _has_time(r)}
-            bundled = [t for b, t in medians.items() if b.startswith(BUNDLED_PREFIX)]
+            by_backend, medians = _timed(rows)
+            bundled = _bundled(medians)
             mine = _ratio(medians[FLA], min(bundled)) if bundled else ""
             theirs = (_ratio(medians[FLA], medians[WRITE_UP]) if WRITE_UP in medians
                       else str(by_backend[WRITE_UP]["status"]) if WRITE_UP in by_backend else "")
@@ -123,9 +122,19 @@ def _cell_value(median: float | None) -> str:
     return f"{median:.1f}" if median < 1000 else f"{median:.0f}"
 
 
+def _bundled(medians: dict[str, float]) -> list[float]:
+    return [t for b, t in medians.items() if b.startswith(BUNDLED_PREFIX)]
+
+
+def _timed(rows: pd.DataFrame) -> tuple[dict[str, pd.Series], dict[str, float]]:
+    """A case's rows by backend, and the medians of those with a time (PASS)."""
+    by_backend = {r["backend"]: r for _, r in rows.iterrows()}
+    return by_backend, {b: float(r["median_us"]) for b, r in by_backend.items() if _has_time(r)}
+
+
 def lead(medians: dict[str, float]) -> float | None:
     """Fastest peer over fastest bundled kernel, from backend -> median; None unless both have a time."""
-    bundled = [t for b, t in medians.items() if b.startswith(BUNDLED_PREFIX)]
+    bundled = _bundled(medians)
     peers = [t for b, t in medians.items() if not b.startswith((BUNDLED_PREFIX, REFERENCE_PREFIX))]
     if not bundled or not peers:
         return None
@@ -139,8 +148,7 @@ def _section(name: str, run: Path) -> str:
     lines.append("| case | " + " | ".join(f"`{b}`" for b in backends) + " | lead |")
     lines.append("| --- |" + " ---: |" * (len(backends) + 1))
     for case_id, rows in df.groupby("case_id", sort=False):
-        by_backend = {r["backend"]: r for _, r in rows.iterrows()}
-        medians = {b: float(r["median_us"]) for b, r in by_backend.items() if _has_time(r)}
+        by_backend, medians = _timed(rows)
         cells = [_cell(by_backend.get(b), medians.get(b)) for b in backends]
         ratio = lead(medians)
         lines.append(f"| `{case_id}` | " + " | ".join(cells) + f" | {'' if ratio is None else f'{ratio:.2f}'} |")
