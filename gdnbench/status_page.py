@@ -169,7 +169,8 @@ def _cell(row: pd.Series | None, median: float | None) -> str:
 
 def _provenance(meta: dict) -> str:
     versions = meta.get("versions", {})
-    libs = ", ".join(f"{k.removeprefix('backend:')} {v}" for k, v in versions.items() if k.startswith("backend:"))
+    libs = ", ".join(f"{k.removeprefix('backend:')} {v or '(no version: not an installed distribution)'}"
+                     for k, v in versions.items() if k.startswith("backend:"))
     sha = (meta.get("git") or {}).get("sha") or "?"
     device = (meta.get("device") or {}).get("name", "?")
     timing = meta.get("timing", {})
