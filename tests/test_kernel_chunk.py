@@ -112,6 +112,8 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
                     torch.Tensor.item, torch.Tensor.tolist = saved
                 res = {"o": o, "final": final, "out_is_o": o is out, "h_offsets": layout.blocks(span)[2],
                        "slow_marks": ws.slow_marks}
+                if variant == "warm-up-whole":
+                    res["slow_prep"] = _slow_prep(chunk, kw, layout, segments[variant], ws.slow_marks)
                 res.update({name: getattr(ws, name) for name in STAGES})
                 if variant == "pipe":  # h holds the groups in turn: back to the batch's sequence-major order
                     res["h"] = ws.h[_sequence_major(pipe, span)]
@@ -122,6 +124,24 @@ def _worker(inputs: str, outputs: str, suite: str, run_dir: str) -> None:
     cli = CliRunner().invoke(app, ["run", suite, "--out", run_dir, "--device", "cpu"])
     results["cli"] = {"exit_code": cli.exit_code, "output": cli.output[-4000:]}
     torch.save(results, outputs)
+
+
+def _slow_prep(chunk, kw: dict, layout, segments, marks: torch.Tensor) -> dict:
+    """gc and Ai of the Triton prep over the chunks of the walks ``marks`` marks slow alone (a plan's whole_walk),
+    poisoned before it runs."""
+    q, v = kw["q"], kw["v"]
+    ws = chunk.ChunkWorkspace.allocate(layout, q, v, stages=False, raw_gate="a" in kw, fuse_output=True,
+                                       final_state=kw["output_final_state"])
+    ws.gc.fill_(float("nan"))
+    ws.Ai.fill_(float("nan"))
+    gating = {name: kw.get(name) for name in ("g", "beta", "a", "b", "A_log", "dt_bias")}
+    x = chunk.launch.prepare_launch(q, kw["k"], v, **gating, scale=kw["scale"], initial_state=kw.get("initial_state"),
+                                    output_final_state=kw["output_final_state"], cu_seqlens=kw.get("cu_seqlens"),
+                                    layout=layout, qk_l2norm=kw["qk_l2norm"], out=torch.full_like(v, float("nan")),
+                                    workspace=ws, stages=False, fuse_output=True)
+    slow = chunk.warm_up.SlowWalks(marks=marks, seg_offsets=segments.seg_offsets)
+    chunk.prep.run_prep(x, layout, "triton", slow=slow)
+    return {"gc": ws.gc, "Ai": ws.Ai, "seg_offsets": segments.seg_offsets}
 
 
 def _sequence_major(pipe, span: int) -> list[int]:
@@ -295,7 +315,9 @@ def _compile_specs(D: int) -> list[tuple[str, str, dict, int]]:
         ("chunk.output", "output_kernel", dict(shape, SPAN=1, L2NORM=True, FP32=False, BV=64), 4),
         ("chunk.output", "output_span2_kernel", dict(shape, SPAN=2, L2NORM=False, FP32=False, BV=64), 4),
         ("chunk.prep", "fused_prep_kernel", dict(prep_shape, RAW_GATE=False, L2NORM=False, FP32=False, a=None,
-                                                   b=None, A_log=None, dt_bias=None), 4),
+                                                   b=None, A_log=None, dt_bias=None, slow_marks=None,
+                                                   seg_offsets=None), 4),
+        # with slow marks: the prep of the walks they mark alone
         ("chunk.prep", "fused_prep_kernel", dict(prep_shape, RAW_GATE=True, L2NORM=True, FP32=False, g=None,
                                                    beta=None), 4),
         ("chunk.warm_up", "_mark_kernel", dict(HV=4, WINDOW=1280, BLOCK=1024, RAW_GATE=False, a=None, A_log=None,
@@ -407,6 +429,34 @@ def test_walks_too_slow_for_warm_up_segments_are_marked(interpreted, name):
                 for start, end in zip(bounds, bounds[1:]) for first in range(start, end, window) or [start]]
     assert interpreted[(name, "warm-up-whole")]["slow_marks"].tolist() == expected
     assert interpreted[(name, "warm-up")]["slow_marks"] is None  # no whole walks, no marks
+
+
+@pytest.mark.parametrize("name", list(BY_NAME))
+def test_the_prep_of_slow_walks_alone_preps_their_chunks_and_no_others(interpreted, name):
+    """The Triton prep given slow marks (the whole walks of a plan's whole_walk): the chunks of every walk marked slow
+    as the references have them, every other chunk left as poisoned; the cases hold walks of both kinds."""
+    kw = BY_NAME[name]["kw"]
+    got = interpreted[(name, "warm-up-whole")]
+    assert "error" not in got, got.get("error")
+    _, _, ref = references(kw)
+    B, T, HV = kw["v"].shape[:3]
+    bounds = kw["cu_seqlens"].tolist() if "cu_seqlens" in kw else [b * T for b in range(B + 1)]
+    marks, prep = got["slow_marks"], got["slow_prep"]
+    offsets = prep["seg_offsets"].tolist()  # each sequence's first segment
+    gc, Ai = prep["gc"].reshape(B * T, HV), prep["Ai"].reshape(B * T, HV, -1)
+    ref_gc, ref_ai = ref.gc.reshape(B * T, HV), ref.A_inv_beta.reshape(B * T, HV, -1)
+    for n, (start, end) in enumerate(zip(bounds, bounds[1:])):
+        for h in range(HV):
+            rows = slice(start, end)
+            if marks[offsets[n]:offsets[n + 1], h].amax().item() if end > start else 0:
+                assert rel(gc[rows, h], ref_gc[rows, h]) < 1e-6
+                assert rel(Ai[rows, h], ref_ai[rows, h]) < STAGE_TOL[kw["q"].dtype]
+            else:
+                assert torch.isnan(gc[rows, h]).all() and torch.isnan(Ai[rows, h].float()).all()
+    slow = [int(marks[offsets[n]:offsets[n + 1], h].amax()) for n in range(len(bounds) - 1)
+            if bounds[n + 1] > bounds[n] for h in range(HV)]
+    if name.startswith("mixed-decay-heads"):
+        assert 0 in slow and 1 in slow
 
 
 def test_no_kernel_touches_memory_outside_its_tensors(interpreted):

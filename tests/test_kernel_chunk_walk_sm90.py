@@ -43,11 +43,11 @@ def test_walk_compiles_for_sm90_in_two_programs_per_sm(name, warm_up, dtype, lon
             segments = dict(seg_parent="*i32", parent_bounds="*i64")
         else:
             const.update(seg_parent=None, parent_bounds=None)
-        # beside warm-up segments (and the whole walks beside them, here the long ones) the walks marked slow
-        if warm_up or long_walk:
-            segments.update(slow_marks="*i32", seg_offsets="*i32")
-        else:
-            const.update(slow_marks=None, seg_offsets=None)
+    # beside warm-up segments (and the whole walks beside them, here the long ones) the walks marked slow
+    if warm_up or long_walk:
+        segments.update(slow_marks="*i32", seg_offsets="*i32")
+    else:
+        const.update(slow_marks=None, seg_offsets=None)
     sig = dict(q_desc=desc([64, 128]), k_desc=desc([64, 128]), v_desc=desc([64, walk.BV]), ai_desc=desc([64, 64]),
                o_desc=desc([64, walk.BV]), o=f"*{dtype}", gc="*fp32", h0="*fp32", ht="*fp32", seq_bounds="*i64",
                scale="fp32", **segments, **{name: "constexpr" for name in const})
@@ -137,6 +137,35 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
     assert "gates computed beforehand" in chunk_specialized_sm90.unsupported(q, 128, True, False)
     assert "normalised beforehand" in chunk_specialized_sm90.unsupported(q, 128, False, True)
     assert "K = V = 128" in chunk_specialized_sm90.unsupported(q, 64, False, False)
+
+
+def test_whole_walk_only_beside_the_specialized_kernels_segments(monkeypatch):
+    """A plan's whole_walk="sm90" beside walk="sm90_specialized" over warm-up segments with whole walks, and nowhere
+    else: not over segments without whole walks, not beside another walk, not a walk it does not know; the
+    specialized kernel's order then leaves the whole walks out."""
+    from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
+
+    monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda *a: None)
+    for module in chunk.sm90.GLUON_WALKS.values():
+        monkeypatch.setattr(module, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
+    layout = chunk.ChunkLayout.build(1, 16384, None, "cpu")
+    q = torch.empty(1, 16384, 16, 128)
+    segments = chunk.SegmentLayout.build(layout, 16, whole_walks=True)
+    plan = chunk.plan.make_plan(layout, q, q, 128, 32, raw_gate=False, qk_l2norm=False, segments=segments,
+                           whole_walk="sm90")
+    assert (plan.walk, plan.whole_walk) == ("sm90_specialized", "sm90")
+    whole = chunk.layout.WALK_WHOLE
+    with_whole = chunk.plan.specialized_order(layout, 32, q.device, segments)
+    without = chunk.plan.specialized_order(layout, 32, q.device, segments, whole=False)
+    assert ((with_whole.walks[:, 4] & whole) != 0).sum() == 32 and ((without.walks[:, 4] & whole) != 0).sum() == 0
+    for kwargs, why in ((dict(segments=chunk.SegmentLayout.build(layout, 16)), "no whole walks"),
+                        (dict(segments=segments, walk="sm90_transposed"), "beside walk='sm90_specialized'"),
+                        (dict(segments=segments, whole_walk="triton"), "must be one of")):
+        with pytest.raises(ValueError, match=why):
+            chunk.plan.make_plan(layout, q, q, 128, 32, raw_gate=False, qk_l2norm=False,
+                            **{"whole_walk": "sm90", **kwargs})
 
 
 def test_specialized_backend_says_why_it_skips(monkeypatch):
@@ -391,7 +420,8 @@ def test_specialized_kernel_takes_any_scale(scale):
 # strong decay: warm-ups of a chunk; weak: too slow for warm-ups of 4 chunks, the whole walks take every head;
 # mixed: odd heads weak, even ones strong, in one call (warm_up.mark_slow_walks)
 @pytest.mark.parametrize("gate_norm", [1.0, 10.0, "mixed"])
-@pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized"])
+# "sm90_specialized/sm90": the whole walks on the sm90 walk (a plan's whole_walk) beside the specialized kernel
+@pytest.mark.parametrize("gluon_walk", ["sm90_transposed", "sm90_specialized", "sm90_specialized/sm90"])
 @pytest.mark.parametrize("h0", [True, False])  # without: every segment starts from S = 0
 @pytest.mark.parametrize("programs", [None, 7])  # 7: the specialized kernel's programs take 5 or 6 walks each
 @pytest.mark.parametrize("whole_walks", [True, False])  # beside whole walks, or warm-ups as long as the decay needs
@@ -404,6 +434,8 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     warm-up starts of many walks in turn."""
     from gdnbench_kernels import chunk
 
+    if "/" in gluon_walk and not whole_walks:
+        pytest.skip("a whole walk of its own walks beside whole walks")
     if programs:
         monkeypatch.setattr(chunk.plan, "sm_count", lambda device: programs)
 
@@ -419,7 +451,8 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     layout = chunk.ChunkLayout.build(1, sum(seqs), kw["cu_seqlens"], dev)
     segments = chunk.SegmentLayout.build(layout, 4, whole_walks)
     results = {}
-    for walk in (gluon_walk, "triton"):
+    for name in (gluon_walk, "triton"):
+        walk, _, whole_walk = name.partition("/")
         ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
                                            final_state=True, segments=segments)
         ws.final_state.fill_(float("nan"))
@@ -427,18 +460,18 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
 
         def call() -> None:
             chunk.chunk_fused_gdn(**kw, output_final_state=True, layout=layout, workspace=ws, out=out,
-                                  fuse_output=True, segments=segments, walk=walk)
+                                  fuse_output=True, segments=segments, walk=walk, whole_walk=whole_walk or None)
 
         measure(call, device=dev, config=TimingConfig(timer=default_timer(dev), l2="cold", warmup=2, min_samples=5,
                                                       max_samples=10, min_time_s=0.0, max_time_s=0.2))
         torch.cuda.synchronize()
-        results[walk] = (out.double().cpu(), ws.final_state.double().cpu())
+        results[name] = (out.double().cpu(), ws.final_state.double().cpu())
     cpu = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     o_ref, final_ref = gdn_recurrent(cpu["q"], cpu["k"], cpu["v"], cpu["g"], cpu["beta"], scale=cpu["scale"],
                                      initial_state=cpu["initial_state"], cu_seqlens=cpu["cu_seqlens"],
                                      compute_dtype=torch.float64)
     (o, f), (o_tri, f_tri) = results[gluon_walk], results["triton"]
-    near = 5e-3 if gluon_walk == "sm90_specialized" else 1e-3  # its own Ai (test_sm90_walk_under_graph_replay)
+    near = 5e-3 if gluon_walk.startswith("sm90_specialized") else 1e-3  # its own Ai (test_sm90_walk_under_graph_replay)
     for got, ref, tol in ((o, o_ref, 1e-2), (o, o_tri, near), (f, final_ref, 1e-2), (f, f_tri, near)):
         assert torch.isfinite(got).all()
         assert ((got - ref).norm() / ref.norm()).item() < tol

@@ -10,7 +10,8 @@
                warm-up segments (``segment_chunks``, the output always folded in) at several segment sizes;
   walk         time triton.chunk_fused as the backend runs it (its default rules) against the Triton walk
                (with the default output rule, and with the output fused in) and the Gluon walks for Hopper
-               (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``);
+               (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``;
+               the default plan with its whole walks on ``"sm90"``, ``whole_walk``, where it has them);
   pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
                output pass, or the walk with the output fused in, group by group on their own streams)
                at several group sizes; the output is fused in or not by the kernel's default rule.
@@ -36,6 +37,7 @@ every config, with wall-clock times that mean nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,21 +92,32 @@ def sweep_configs(suite: str, pattern: str | None, kernel_name: str, configs: li
 
 
 def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names: list[str],
-                    variants: Callable[[Problem], list[Prepared]]) -> None:
-    """Times ``variants(problem)`` interleaved on every prefill case, one row per case."""
+                    variants: Callable[[Problem], list[Prepared | None]]) -> None:
+    """Times ``variants(problem)`` interleaved on every prefill case, one row per case ("-" for a variant that
+    cannot run the case, None)."""
     s = load_suite(suite)
     print("case  N*HV  longest  " + "  ".join(names) + "  (us)  max diff")
     for case in [c for c in select_cases(s, pattern) if c.op == "prefill"]:
         p = make_problem(case, s.seed, device)
-        prepared = variants(p)
+        listed = variants(p)
+        prepared = [v for v in listed if v is not None]
         for v in prepared:
             v.call()
         outs = [v.outputs().o.clone() for v in prepared]
-        ms = measure_interleaved([(v.call, v.reset) for v in prepared], device=device, config=sweep_timing(device))
+        ms = iter(measure_interleaved([(v.call, v.reset) for v in prepared], device=device,
+                                      config=sweep_timing(device)))
         lens = [case.T] * case.B if p.cu_seqlens is None else (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
-        times = "  ".join(f"{np.median(m.samples_us):9.1f}" for m in ms)
+        times = "  ".join("        -" if v is None else f"{np.median(next(ms).samples_us):9.1f}" for v in listed)
         print(f"{case.id}  {len(lens) * case.HV}  {max(lens)}  {times}  {max(rel_diff(o, outs[0]) for o in outs):.1e}",
               flush=True)
+
+
+def _where_it_runs(p: Problem, **forced: Any) -> Prepared | None:
+    """``prepare_chunk(p, fused=True, **forced)``, or None where those fields cannot run the case."""
+    try:
+        return prepare_chunk(p, fused=True, **forced)
+    except ValueError:
+        return None
 
 
 def sweep_fuse_output(suite: str, pattern: str | None, device: torch.device) -> None:
@@ -131,13 +144,14 @@ def sweep_pipeline(suite: str, pattern: str | None, device: torch.device, sizes:
 
 def sweep_walk(suite: str, pattern: str | None, device: torch.device, sizes: list[int]) -> None:
     _sweep_variants(suite, pattern, device,
-                    ["default", "triton", "triton fused", "sm90", "sm90_transposed"] +
+                    ["default", "triton", "triton fused", "sm90", "sm90_transposed", "whole walks on sm90"] +
                     [f"sm90 groups of {c}" for c in sizes],
                     lambda p: [prepare_chunk(p, fused=True),
                                prepare_chunk(p, fused=True, walk="triton"),
                                prepare_chunk(p, fused=True, walk="triton", fuse_output=True),
                                prepare_chunk(p, fused=True, walk="sm90", pipeline_chunks=0),
-                               prepare_chunk(p, fused=True, walk="sm90_transposed", pipeline_chunks=0)] +
+                               prepare_chunk(p, fused=True, walk="sm90_transposed", pipeline_chunks=0),
+                               _where_it_runs(p, whole_walk="sm90")] +
                     [prepare_chunk(p, fused=True, walk="sm90", pipeline_chunks=c) for c in sizes])
 
 

@@ -62,6 +62,20 @@ def _walk_segments(x: Launch, prep: str, segments: SegmentLayout,
     main.wait_stream(side)
 
 
+def _beside_whole_walks(x: Launch, slow: SlowWalks, whole_walk: str, final: Tensor | None,
+                        segments_walk: Callable[[], None]) -> None:
+    """The walks ``slow`` marks, walked whole by the Gluon walk ``whole_walk`` after the Triton prep of their chunks
+    alone, on a stream of their own at a higher priority (forked after the marks, joined back into the caller's),
+    beside ``segments_walk``, the warm-up segments of the others, on the caller's stream."""
+    main, side = torch.cuda.current_stream(x.q.device), pipeline_streams(x.q.device)[0]
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        run_prep(x, x.lay, "triton", slow=slow)
+        walk_with_output(x, x.lay, x.h0, final, whole_walk, None, slow)
+    segments_walk()
+    main.wait_stream(side)
+
+
 def chunk_gdn(
     q: Tensor,
     k: Tensor,
@@ -137,16 +151,17 @@ def chunk_fused_gdn(
     output_span: int | None = None,
     segments: SegmentLayout | None = None,
     pipeline: PipelineLayout | None = None,
+    whole_walk: str | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Chunked gated delta rule prefill in two or three launches; arguments and result as ``chunk_gdn``'s.
     plan: how the call runs (``plan.default_plan`` or ``plan.make_plan``, made once on the host; a prebuilt
     workspace from ``plan.workspace``); None: ``plan.make_plan`` of this call with the fields given here
-    forced (walk, prep, fuse_output, output_span, segments, pipeline: see ``plan.ChunkPlan``). The plan is
-    executed as it stands.
+    forced (walk, prep, fuse_output, output_span, segments, pipeline, whole_walk: see ``plan.ChunkPlan``). The
+    plan is executed as it stands.
     """
     lay = ChunkLayout.build(q.shape[0], q.shape[1], cu_seqlens, q.device) if layout is None else layout
     fields = dict(walk=walk, prep=prep, fuse_output=fuse_output, output_span=output_span, segments=segments,
-                  pipeline=pipeline)
+                  pipeline=pipeline, whole_walk=whole_walk)
     if plan is None:
         plan = make_plan(lay, q, k, v.shape[3], v.shape[2], raw_gate=a is not None, qk_l2norm=qk_l2norm, **fields)
     elif any(value is not None for value in fields.values()):
@@ -166,11 +181,18 @@ def chunk_fused_gdn(
     whole_walks = plan.segments is not None and plan.segments.whole_walks
     if plan.pipeline is not None:
         run_pipelined(x, plan.pipeline, plan.fuse_output, output_final_state, plan.walk, plan.prep)
-    elif plan.walk == SPECIALIZED:  # whole walks in the same launch (SegmentLayout.walks)
-        sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final,
-                                           specialized_order(lay, x.HV, q.device, plan.segments), x.scale,
-                                           warm_up=plan.segments is not None,
-                                           slow=mark_slow_walks(x, plan.segments) if whole_walks else None)
+    elif plan.walk == SPECIALIZED:  # whole walks in the same launch (SegmentLayout.walks) unless plan.whole_walk
+        slow = mark_slow_walks(x, plan.segments) if whole_walks else None
+        order = specialized_order(lay, x.HV, q.device, plan.segments, whole=plan.whole_walk is None)
+
+        def segments_walk() -> None:
+            sm90_specialized.chunk_specialized(x.q, x.k, x.v, x.g, x.beta, x.out, x.h0, final, order, x.scale,
+                                               warm_up=plan.segments is not None, slow=slow)
+
+        if plan.whole_walk is None:
+            segments_walk()
+        else:
+            _beside_whole_walks(x, slow, plan.whole_walk, final, segments_walk)
     elif whole_walks:
         _walk_segments(x, plan.prep, plan.segments,
                        lambda slow, segments: walk_with_output(x, lay, x.h0, final, plan.walk, segments, slow))
@@ -195,7 +217,10 @@ def describe(plan: ChunkPlan) -> str:
         " beside whole walks of the heads too slow for them" if plan.segments and plan.segments.whole_walks else "") + (
         f", pipelined in groups of {plan.pipeline.chunks} chunks" if plan.pipeline else "")
     if plan.walk == SPECIALIZED:
-        return f"{kernels}, {sm90_specialized.describe()}"
+        beside = "" if plan.whole_walk is None else (
+            f", the whole walks on a stream of their own: prep[{config_str(fused_prep_kernel)}] of their chunks, "
+            f"{GLUON_WALKS[plan.whole_walk].describe()}")
+        return f"{kernels}, {sm90_specialized.describe()}{beside}"
     prep = sm90_prep.describe() if plan.prep == "sm90" else f"prep[{config_str(fused_prep_kernel)}]"
     if plan.walk in GLUON_WALKS:
         return f"{kernels}, {prep}, {GLUON_WALKS[plan.walk].describe()}"

@@ -235,7 +235,7 @@ class SegmentLayout:
     sequences: tuple[int, ...]  # parent's, on the host
     sequence_spans: tuple[tuple[int, int], ...]  # parent_bounds', on the host
     whole_walks: bool = False  # the walks too slow for the segments walked whole beside them
-    _walks: dict[tuple[int, int], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
+    _walks: dict[tuple[int, int, bool], WalkOrder] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(cls, layout: ChunkLayout, chunks: int, whole_walks: bool = False) -> SegmentLayout:
@@ -253,13 +253,14 @@ class SegmentLayout:
                    parent=torch.tensor(sequences, dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
                    sequences=tuple(sequences), sequence_spans=layout.spans, whole_walks=whole_walks)
 
-    def walks(self, heads: int, programs: int) -> WalkOrder:
+    def walks(self, heads: int, programs: int, whole: bool = True) -> WalkOrder:
         """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence
         n's walk n * heads + h) dealt to ``programs`` persistent programs, each as the chunks it is expected to walk
         (``warm_up_loads``: dealt as they stand, the segments of 3 chunks of parity's varlen N=64 T=6656 met on
         programs of 7 chunks, where 5 suffice), and with ``whole_walks`` the whole walks (WALK_WHOLE) of each sequence
-        cut in two or more, one a program, first; built on first use and kept."""
-        key = heads, programs
+        cut in two or more, one a program, first, unless ``whole`` is False (another kernel walks them); built on
+        first use and kept."""
+        key = heads, programs, whole
         if key not in self._walks:
             rows = []
             for (first, end), n in zip(self.layout.spans, self.sequences):
@@ -268,7 +269,7 @@ class SegmentLayout:
             loads = warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in self.sequence_spans], self.chunks)
             whole = [(n * heads + h, start, start, end, WALK_STORES_HT | WALK_WHOLE)
                      for n, (start, end) in enumerate(self.sequence_spans)
-                     if self.whole_walks and end - start > self.chunks * CHUNK
+                     if whole and self.whole_walks and end - start > self.chunks * CHUNK
                      for h in range(heads)]  # a sequence of one segment needs no warm-up
             self._walks[key] = WalkOrder.deal(rows, [load for load in loads for _ in range(heads)], programs,
                                               self.parent.device, drop_empty=True, lead=whole)

@@ -101,6 +101,10 @@ RECURRENT_MAX_STEPS = 512
 # walk=RECURRENT: no chunks; the whole call is one launch of the recurrent kernel (gdnbench_kernels.recurrent)
 RECURRENT = "recurrent"
 
+# the walks a plan's whole_walk may name: "sm90" walks a chunk in about 1.9 us where the warp-specialized kernel,
+# its prep beside it on the SM, takes 3.0 (docs/decisions/0022-slow-decay-walks.md)
+WHOLE_WALKS = ("sm90",)
+
 
 def recurrent_pays(layout: ChunkLayout, HV: int) -> bool:
     """Whether the recurrent kernel beats the chunks on this call: every sequence has one token, or the longest
@@ -167,12 +171,13 @@ def output_span_default(layout: ChunkLayout, HV: int, K: int, segments: SegmentL
 
 
 def specialized_order(layout: ChunkLayout, HV: int, device: torch.device,
-                      segments: SegmentLayout | None = None) -> WalkOrder:
+                      segments: SegmentLayout | None = None, whole: bool = True) -> WalkOrder:
     """The walks of walk=SPECIALIZED dealt to its programs, one per SM at most: whole sequences, or the warm-up
-    segments of ``segments`` (whose warm-up starts the kernel finds)."""
+    segments of ``segments`` (whose warm-up starts the kernel finds) and, unless ``whole`` is False (a plan's
+    ``whole_walk`` walks them), the whole walks beside them."""
     if segments is None:
         return layout.walk_order(HV, _specialized_programs(layout, HV, device))
-    return segments.walks(HV, _specialized_programs(segments.layout, HV, device))
+    return segments.walks(HV, _specialized_programs(segments.layout, HV, device), whole)
 
 
 def _specialized_segments(layout: ChunkLayout, HV: int, chunks: int, q: Tensor, V: int, raw_gate: bool,
@@ -317,6 +322,9 @@ class ChunkPlan:
     output_span: int  # chunks per output-pass block, 1 or 2
     segments: SegmentLayout | None  # warm-up segments, or whole sequences
     pipeline: PipelineLayout | None  # groups overlapped on three streams, or one call
+    # beside walk=SPECIALIZED's warm-up segments, the walk that takes the whole walks on a stream of its own, after
+    # the Triton prep of their chunks alone (WHOLE_WALKS); None: the segments' kernel walks them
+    whole_walk: str | None = None
 
     def workspace(self, layout: ChunkLayout, q: Tensor, v: Tensor, *, raw_gate: bool,
                   final_state: bool) -> ChunkWorkspace:
@@ -334,16 +342,24 @@ STAGES_PLAN = ChunkPlan(fused=False, walk="triton", prep="triton", fuse_output=F
 def make_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, raw_gate: bool, qk_l2norm: bool,
               walk: str | None = None, prep: str | None = None, fuse_output: bool | None = None,
               output_span: int | None = None, segments: SegmentLayout | None = None,
-              pipeline: PipelineLayout | None = None) -> ChunkPlan:
+              pipeline: PipelineLayout | None = None, whole_walk: str | None = None) -> ChunkPlan:
     """The fused pipeline's plan with these fields forced and the others (None) by the default rules
-    (``plan_walk``, ``plan_prep``, ``output_span_default``); segments and pipeline as given (None: none).
-    Raises ValueError for fields that cannot go together."""
+    (``plan_walk``, ``plan_prep``, ``output_span_default``); segments, pipeline and whole_walk as given (None:
+    none). Raises ValueError for fields that cannot go together."""
     walk, fuse = plan_walk(layout, q, V, HV, qk_l2norm, segments, walk, fuse_output, raw_gate=raw_gate, prep=prep)
     prep = plan_prep(k, raw_gate, qk_l2norm, prep, walk)
     K = q.shape[-1]
     span = 1 if fuse else output_span_default(layout, HV, K, segments) if output_span is None else output_span
+    if whole_walk is not None:
+        whole = segments is not None and segments.whole_walks
+        why = (f"whole_walk must be one of {list(WHOLE_WALKS)}" if whole_walk not in WHOLE_WALKS else
+               f"it walks beside walk={SPECIALIZED!r}'s segments, not walk={walk!r}'s" if walk != SPECIALIZED else
+               "there are no whole walks beside warm-up segments" if not whole else
+               GLUON_WALKS[whole_walk].unsupported(q, V, qk_l2norm))
+        if why:
+            raise ValueError(f"whole_walk={whole_walk!r} cannot run this call: {why}")
     return _checked(ChunkPlan(fused=True, walk=walk, prep=prep, fuse_output=fuse, output_span=span, segments=segments,
-                              pipeline=pipeline), layout)
+                              pipeline=pipeline, whole_walk=whole_walk), layout)
 
 
 def _checked(plan: ChunkPlan, layout: ChunkLayout) -> ChunkPlan:
@@ -358,15 +374,15 @@ def _checked(plan: ChunkPlan, layout: ChunkLayout) -> ChunkPlan:
 def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, raw_gate: bool, qk_l2norm: bool,
                  fused: bool = True, walk: str | None = None, prep: str | None = None,
                  fuse_output: bool | None = None, output_span: int | None = None, segment_chunks: int | None = None,
-                 pipeline_chunks: int | None = None) -> ChunkPlan:
+                 pipeline_chunks: int | None = None, whole_walk: str | None = None) -> ChunkPlan:
     """A call's plan by the default rules, any field forced (sweeps force one at a time). segment_chunks: warm-up
     segments of that many chunks (``plan_segments`` where None, unless fuse_output, walk or pipeline_chunks is
     forced; 0: whole sequences); pipeline_chunks: groups of that many chunks (``pipeline_default`` where None;
-    0: one call). Nothing forced, where ``recurrent_pays``: walk=RECURRENT. fused False: the
-    multi-kernel pipeline, which has nothing to decide."""
+    0: one call); whole_walk: ``ChunkPlan.whole_walk`` (None by default). Nothing forced, where ``recurrent_pays``:
+    walk=RECURRENT. fused False: the multi-kernel pipeline, which has nothing to decide."""
     if not fused:
         return STAGES_PLAN
-    forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks)
+    forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks, whole_walk)
     if all(field is None for field in forced) and recurrent_pays(layout, HV):
         return make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=RECURRENT)
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
@@ -374,7 +390,7 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
     whole_walks = triton.cdiv(layout.max_len, CHUNK) >= WHOLE_WALKS_MIN_CHUNKS
     segments = SegmentLayout.build(layout, segment_chunks, whole_walks) if segment_chunks else None
     plan = make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep,
-                     fuse_output=fuse_output, output_span=output_span, segments=segments)
+                     fuse_output=fuse_output, output_span=output_span, segments=segments, whole_walk=whole_walk)
     if pipeline_chunks is None:
         pipeline_chunks = pipeline_default(layout, HV, plan.fuse_output, segments, plan.walk)
     if not pipeline_chunks:

@@ -18,6 +18,7 @@ from .launch import Launch
 from .layout import CHUNK, ChunkLayout, chunk_tier
 from .sm90 import prep as sm90_prep
 from .tiles import chunk_bounds, chunk_program, decay_masked, load_qk, store_tile
+from .warm_up import SlowWalks, slow_args, walk_is_slow
 
 
 @triton.jit
@@ -113,30 +114,37 @@ def _prep_prune(configs, named_args):
 
 
 @triton.jit
-def _prep_fn(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier,
-             H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+def _prep_fn(k, g, beta, a, b, A_log, dt_bias, gc, A_diag, Ai, seq_bounds, chunk_indices, chunk_tier, slow_marks,
+             seg_offsets, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
              RAW_GATE: tl.constexpr, L2NORM: tl.constexpr, FP32: tl.constexpr):
     i_c, i_h, _ = chunk_program(HV, 1)
-    bos, i_t, n_tok = chunk_bounds(seq_bounds, chunk_indices, i_c)
-    rows = i_t * BT + tl.arange(0, BT)
-    b_gc, b_beta = gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
-    b_k = load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
-    b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, FP32)
-    store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT, b_ai * b_beta[None, :])
+    walked = True
+    if slow_marks is not None:  # only the chunks of the walks marked slow: the others' segments prep their own
+        walked = walk_is_slow(slow_marks, seg_offsets, tl.load(chunk_indices + 2 * i_c), i_h, HV)
+    if walked:
+        bos, i_t, n_tok = chunk_bounds(seq_bounds, chunk_indices, i_c)
+        rows = i_t * BT + tl.arange(0, BT)
+        b_gc, b_beta = gate_chunk(g, beta, a, b, A_log, dt_bias, gc, bos, rows, rows < n_tok, i_h, HV, RAW_GATE)
+        b_k = load_qk(k + bos * H * K + (i_h // (HV // H)) * K, rows, n_tok, H * K, K, BK, L2NORM)
+        b_ai = _kkt_inverse(b_k, b_gc, b_beta, rows, n_tok, _diag_scratch(A_diag, i_c, i_h, HV, BT), BT, FP32)
+        store_tile(Ai + bos * HV * BT + i_h * BT, rows, n_tok, HV * BT, tl.arange(0, BT), BT,
+                   b_ai * b_beta[None, :])
 
 
 fused_prep_kernel = TunedKernel(_prep_fn, PREP_CONFIGS, ["K", "chunk_tier"], _prep_prune)
 
 
-def run_prep(x: Launch, over: ChunkLayout, prep: str, first_chunk: int = 0) -> None:
+def run_prep(x: Launch, over: ChunkLayout, prep: str, first_chunk: int = 0, slow: SlowWalks | None = None) -> None:
     """The prep kernel (``plan_prep``'s) over the chunks of ``over``, the first of which is the batch's
-    ``first_chunk``."""
+    ``first_chunk``; with ``slow`` (the Triton kernel only), over the chunks of the walks it marks slow alone."""
     if not over.NT:
         return
     if prep == "sm90":
+        if slow is not None:
+            raise ValueError("the Gluon prep kernel preps every chunk: slow marks are the Triton kernel's")
         sm90_prep.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, over.seq_bounds, over.chunk_indices, x.HV)
     else:
         fused_prep_kernel[(over.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,
-            over.seq_bounds, over.chunk_indices, chunk_tier(over.NT, x.HV), H=x.H, HV=x.HV, K=x.K, BT=CHUNK,
-            BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, FP32=x.fp32)
+            over.seq_bounds, over.chunk_indices, chunk_tier(over.NT, x.HV), *slow_args(slow), H=x.H, HV=x.HV, K=x.K,
+            BT=CHUNK, BK=x.BK, RAW_GATE=x.raw, L2NORM=x.l2norm, FP32=x.fp32)

@@ -45,7 +45,8 @@ from .gluon_hopper import GLUON_MISSING, descriptor
 
 if GLUON_MISSING is None:
     from .prep import exchange_buffer, solve_inverse
-    from .walk_transposed import chunk_tokens, state_offsets, store_output, walk_is_slow, warm_up_start
+    from .walk import walk_is_slow
+    from .walk_transposed import chunk_tokens, state_offsets, store_output, warm_up_start
     from .gluon_hopper import (LOG2E, cta_barrier, exp2, fence_async_shared, gl, gluon, mbarrier, tma, tma_load,
                                unhoisted, warpgroup_mma, warpgroup_mma_wait)
 

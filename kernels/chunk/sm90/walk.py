@@ -19,7 +19,9 @@ update is serial. Its programs are BV 32 wide: at BV 64 this kernel needs more t
 spills. Q K^T issued after Ai X, rather than with K S, runs while v_new is stored and takes 17 fewer
 registers (docs/decisions/0016-gluon-walks.md has both measurements). So it pays where BV 32's programs make one
 wave of two per SM and ``walk_transposed``'s twice as wide ones would leave over half the SMs idle,
-or run long walks one per SM (``plan.walk_default``, with the measurements).
+or run long walks one per SM (``plan.walk_default``, with the measurements). Given slow marks
+(``warm_up.mark_slow_walks``) it walks only the walks they mark, whole, beside the warp-specialized kernel's warm-up
+segments of the others (``plan.ChunkPlan.whole_walk``).
 
 Envelope (``unsupported``): sm_90, bf16 or fp16 inputs, K = V = 128, q and k normalised beforehand (the
 Triton walk normalises them per tile). Any sequence lengths: a short last chunk's rows past the sequence
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..warm_up import SlowWalks, slow_args
 from .gluon_hopper import GLUON_MISSING, descriptor, unsupported_inputs
 
 if GLUON_MISSING is None:
@@ -151,6 +154,19 @@ if GLUON_MISSING is None:
         return i_nh, i_nh % HV, gl.program_id(0) % (V // BV), bos, eos, (eos - bos + BT - 1) // BT
 
     @gluon.jit
+    def walk_is_slow(marks, seg_offsets, i_n, i_h, HV: gl.constexpr):
+        """Whether the walk of sequence i_n, value head i_h is too slow for warm-up segments (``warm_up.SlowWalks``),
+        as int32 1 or 0."""
+        block: gl.constexpr = 32 * gl.num_warps()
+        s = gl.arange(0, block, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
+        lo = gl.load(seg_offsets + i_n)
+        hi = gl.load(seg_offsets + i_n + 1)
+        slow = gl.to_tensor(0)
+        for s0 in range(lo, hi, block):
+            slow = gl.maximum(slow, gl.max(gl.load(marks + (s0 + s) * HV + i_h, mask=s0 + s < hi, other=0), axis=0))
+        return slow
+
+    @gluon.jit
     def _store_tile(O, row, col, o_s, o_desc):
         """O to the output tile at (row, col) by TMA, through o_s (once its previous tile has left)."""
         tma.store_wait(pendings=0)
@@ -159,12 +175,16 @@ if GLUON_MISSING is None:
         tma_store(o_desc, [row, col], o_s)
 
     @gluon.jit
-    def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale,
-                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
-                           BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
+    def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale, slow_marks,
+                           seg_offsets, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                           BV: gl.constexpr, BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            LONG_WALK: gl.constexpr):
         NB: gl.constexpr = 2 if LONG_WALK else 1  # q, v and Ai buffers
         i_nh, i_h, i_v, bos, eos, NT = program_walk(seq_bounds, HV, V, BV, BT)
+        walks = 1  # with slow marks, only the walks they mark (the others run as warm-up segments elsewhere)
+        if slow_marks is not None:
+            walks = walk_is_slow(slow_marks, seg_offsets, i_nh // HV, i_h, HV)
+        NT = NT * walks
         mma_v: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BV, 16])
         mma_t: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
         rows_k = gl.arange(0, K, layout=gl.SliceLayout(1, mma_v))
@@ -218,7 +238,8 @@ if GLUON_MISSING is None:
         for i in gl.static_range(3 * NB + 2):
             mbarrier.invalidate(bars.index(i))
         if STORE_HT:
-            gl.store(ht + h_off, S)
+            if walks != 0:
+                gl.store(ht + h_off, S)
 
 
 def unsupported(q: Tensor, V: int, qk_l2norm: bool) -> str | None:
@@ -235,14 +256,18 @@ def unsupported(q: Tensor, V: int, qk_l2norm: bool) -> str | None:
 
 
 def fused_walk(q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor, h0: Tensor | None,
-               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool) -> None:
+               ht: Tensor | None, seq_bounds: Tensor, N: int, scale: float, long_walk: bool,
+               slow: SlowWalks | None = None) -> None:
     """Outputs into ``out`` and final states into ``ht`` (or not stored) of the N sequences of seq_bounds
     ([N, 2] token ranges into the flat batch; each starts at a chunk boundary of its sequence) from h0 (fp32,
     or zero): ``state``'s Triton walk with FROM_AI and FUSE_OUTPUT. q, k [B, T, H, 128], v, out
     [B, T, HV, 128], gc [B*T, HV] fp32, Ai [B*T, HV, 64], all contiguous (see ``unsupported``).
     long_walk: load each chunk's gc one chunk ahead and its q, v and Ai tiles two (28 KB more shared memory; for
-    long walks: ``state.walk_with_output``)."""
-    launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk)
+    long walks: ``state.walk_with_output``). slow (``warm_up.mark_slow_walks``): only the walks it marks slow, whose
+    warm-up segments are walked elsewhere; the others write nothing."""
+    slow_marks, seg_offsets = slow_args(slow)
+    launch(_fused_walk_kernel, BV, q, k, v, gc, Ai, out, h0, ht, seq_bounds, N, scale, long_walk,
+           slow_marks=slow_marks, seg_offsets=seg_offsets)
 
 
 def launch(kernel, bv: int, q: Tensor, k: Tensor, v: Tensor, gc: Tensor, Ai: Tensor, out: Tensor,

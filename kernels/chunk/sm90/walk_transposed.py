@@ -37,7 +37,7 @@ from .walk import launch, unsupported
 from .gluon_hopper import GLUON_MISSING
 
 if GLUON_MISSING is None:
-    from .walk import fetch, program_walk
+    from .walk import fetch, program_walk, walk_is_slow
     from .gluon_hopper import (cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, tma, tma_store,
                                warpgroup_mma, warpgroup_mma_wait)
 
@@ -208,19 +208,6 @@ if GLUON_MISSING is None:
                 i = chunk_tokens(BT)
                 log_decay += gl.sum(gl.load(gates + (start + i) * HV + i_h).to(gl.float32), axis=0)
         return start
-
-    @gluon.jit
-    def walk_is_slow(marks, seg_offsets, i_n, i_h, HV: gl.constexpr):
-        """Whether the walk of sequence i_n, value head i_h is too slow for warm-up segments (``warm_up.SlowWalks``),
-        as int32 1 or 0."""
-        block: gl.constexpr = 32 * gl.num_warps()
-        s = gl.arange(0, block, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
-        lo = gl.load(seg_offsets + i_n)
-        hi = gl.load(seg_offsets + i_n + 1)
-        slow = gl.to_tensor(0)
-        for s0 in range(lo, hi, block):
-            slow = gl.maximum(slow, gl.max(gl.load(marks + (s0 + s) * HV + i_h, mask=s0 + s < hi, other=0), axis=0))
-        return slow
 
     @gluon.jit
     def _skipped(slow_marks, seg_offsets, i_state, HV: gl.constexpr, WARM_UP: gl.constexpr):
