@@ -57,6 +57,22 @@ def test_segment_sizes_agree():
     assert float(row.split()[-1]) < 1e-6 and len(row.split()) == 8, row
 
 
+def test_every_plan_that_runs_a_case_agrees_and_the_fastest_is_named():
+    """The plans sweep on a CPU: the Triton paths and the recurrence run and agree, the Gluon ones (sm90 only) are
+    "-", and a line names the fastest."""
+    lines = _sweep("plans", "smoke", "-k", CASE, rows="")
+    (row,) = [line for line in lines if line.startswith("prefill/")]
+    from examples.kernel_sweeps.chunk_fused_sweep import PLANS
+
+    cells = row.split()[3:-1]
+    gluon = {"sm90", "sm90_transposed", "specialized", "whole-on-sm90"}
+    assert [c == "-" for c in cells] == [name in gluon for name, _ in PLANS], row
+    assert float(row.split()[-1]) < 1e-5, row
+    fastest = lines[lines.index(row) + 1]
+    assert re.fullmatch(r"  fastest: (\S+); the first column at \d+\.\d\dx its time", fastest), fastest
+    assert fastest.split()[1].rstrip(";") in {name for name, _ in PLANS} - gluon
+
+
 @pytest.mark.parametrize("args,message", [
     (["-c", "64,4,1,1,1"], "expected [BV,]WARPS,STAGES"),
     (["--kernel", "state", "-c", "4,1"], "--kernel state takes BV,WARPS,STAGES[,MAXNREG] configs, got 4,1"),

@@ -12,6 +12,10 @@
                (with the default output rule, and with the output fused in) and the Gluon walks for Hopper
                (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``;
                the default plan with its whole walks on ``"sm90"``, ``whole_walk``, where it has them);
+  plans        time triton.chunk_fused against every path a plan can force (``PLANS``: the multi-kernel pipeline,
+               each walk, the warp-specialized kernel, the whole walks on ``"sm90"``, the recurrence), whole
+               calls, "-" where one cannot run the case, and name the fastest: where the default is not, a
+               dispatch rule is missing;
   pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
                output pass, or the walk with the output fused in, group by group on their own streams)
                at several group sizes; the output is fused in or not by the kernel's default rule.
@@ -29,6 +33,7 @@ This reaches into the kernels' internals (their TunedKernel objects) and is not 
     python -m examples.kernel_sweeps.chunk_fused_sweep configs parity -k "K=64" --kernel prep -c 4,1 -c 4,1,96
     python -m examples.kernel_sweeps.chunk_fused_sweep fuse-output parity
     python -m examples.kernel_sweeps.chunk_fused_sweep segments qwen3-next -k prefill -s 16 -s 32 -s 64
+    python -m examples.kernel_sweeps.chunk_fused_sweep plans envelope -k prefill/
 
 On a CPU (TRITON_INTERPRET=1, ``--device cpu``) it runs in Triton's interpreter: a correctness check of
 every config, with wall-clock times that mean nothing.
@@ -107,15 +112,19 @@ def _sweep_variants(suite: str, pattern: str | None, device: torch.device, names
         ms = iter(measure_interleaved([(v.call, v.reset) for v in prepared], device=device,
                                       config=sweep_timing(device)))
         lens = [case.T] * case.B if p.cu_seqlens is None else (p.cu_seqlens[1:] - p.cu_seqlens[:-1]).tolist()
-        times = "  ".join("        -" if v is None else f"{np.median(next(ms).samples_us):9.1f}" for v in listed)
+        medians = [None if v is None else float(np.median(next(ms).samples_us)) for v in listed]
+        times = "  ".join("        -" if m is None else f"{m:9.1f}" for m in medians)
         print(f"{case.id}  {len(lens) * case.HV}  {max(lens)}  {times}  {max(rel_diff(o, outs[0]) for o in outs):.1e}",
               flush=True)
+        timed = [(m, name) for m, name in zip(medians, names) if m is not None]
+        fastest, name = min(timed)
+        print(f"  fastest: {name}; the first column at {timed[0][0] / fastest:.2f}x its time", flush=True)
 
 
-def _where_it_runs(p: Problem, **forced: Any) -> Prepared | None:
-    """``prepare_chunk(p, fused=True, **forced)``, or None where those fields cannot run the case."""
+def _where_it_runs(p: Problem, fused: bool = True, **forced: Any) -> Prepared | None:
+    """``prepare_chunk(p, fused=fused, **forced)``, or None where those fields cannot run the case."""
     try:
-        return prepare_chunk(p, fused=True, **forced)
+        return prepare_chunk(p, fused=fused, **forced)
     except ValueError:
         return None
 
@@ -155,6 +164,28 @@ def sweep_walk(suite: str, pattern: str | None, device: torch.device, sizes: lis
                     [prepare_chunk(p, fused=True, walk="sm90", pipeline_chunks=c) for c in sizes])
 
 
+# every path of the bundled chunked kernels that a plan can force, whole calls (the multi-kernel pipeline is
+# triton.chunk's; the recurrence only on sequences of up to PLANS_RECURRENT_MAX_TOKENS tokens, where it can pay)
+PLANS: list[tuple[str, dict[str, Any]]] = [
+    ("default", {}), ("stages", {"fused": False}), ("triton", {"walk": "triton"}),
+    ("triton+out", {"walk": "triton", "fuse_output": True}), ("sm90", {"walk": "sm90", "pipeline_chunks": 0}),
+    ("sm90_transposed", {"walk": "sm90_transposed", "pipeline_chunks": 0}),
+    ("specialized", {"walk": "sm90_specialized"}), ("whole-on-sm90", {"whole_walk": "sm90"}),
+    ("recurrent", {"walk": "recurrent"}),
+]
+PLANS_RECURRENT_MAX_TOKENS = 1024
+
+
+def sweep_plans(suite: str, pattern: str | None, device: torch.device) -> None:
+    """Every plan of PLANS that can run each case, forced one at a time beside the default."""
+    def variants(p: Problem) -> list[Prepared | None]:
+        longest = p.case.T if p.cu_seqlens is None else int((p.cu_seqlens[1:] - p.cu_seqlens[:-1]).max())
+        return [None if forced.get("walk") == "recurrent" and longest > PLANS_RECURRENT_MAX_TOKENS
+                else _where_it_runs(p, **forced) for _, forced in PLANS]
+
+    _sweep_variants(suite, pattern, device, [name for name, _ in PLANS], variants)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = tool_parser(__doc__)
     sub = parser.add_subparsers(dest="sweep", required=True)
@@ -162,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
                         ("fuse-output", "output pass vs output folded into the state pass"),
                         ("segments", "the sequential state walk vs warm-up segments"),
                         ("pipeline", "one call vs prep, walk and output pass overlapped group by group"),
-                        ("walk", "the Triton walk vs the Gluon ones for Hopper, the output fused in")):
+                        ("walk", "the Triton walk vs the Gluon ones for Hopper, the output fused in"),
+                        ("plans", "every path a plan can force, whole calls, beside the default")):
         cmd = sub.add_parser(name, help=help_)
         add_case_arguments(cmd)
         if name == "configs":
@@ -194,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         sweep_pipeline(args.suite, args.filter, device, args.group_chunks or [32, 64, 128])
     elif args.sweep == "walk":
         sweep_walk(args.suite, args.filter, device, args.group_chunks or [])
+    elif args.sweep == "plans":
+        sweep_plans(args.suite, args.filter, device)
     else:
         sweep_segments(args.suite, args.filter, device, args.segment_chunks or [16, 32, 64])
 
