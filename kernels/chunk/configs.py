@@ -5,11 +5,12 @@ from __future__ import annotations
 import triton
 
 from ..common.interpreter import triton_interpreter_on
+from ..common.ints import next_power_of_2
 
 
 def tile_width(n: int) -> int:
     """The tile width for a head dim: the next power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(n))
+    return max(16, next_power_of_2(n))
 
 
 def bv_prune(configs, named_args):

@@ -12,8 +12,9 @@ import heapq
 from dataclasses import dataclass, field
 
 import torch
-import triton
 from torch import Tensor
+
+from ..common.ints import cdiv
 
 __all__ = ["CHUNK", "WARM_UP_LOG_DECAY", "WALK_ROW", "WALK_TAKES_H0", "WALK_STORES_HT", "WALK_WHOLE", "ChunkLayout",
            "WalkOrder",
@@ -81,7 +82,7 @@ class ChunkLayout:
         lens = [e - s for s, e in spans]
 
         def blocks(size: int) -> tuple[int, Tensor, Tensor]:
-            counts = [triton.cdiv(n, size) for n in lens]
+            counts = [cdiv(n, size) for n in lens]
             offsets = [0]
             for c in counts:
                 offsets.append(offsets[-1] + c)
@@ -103,7 +104,7 @@ class ChunkLayout:
         if key not in self._walk_orders:
             rows = [(n * heads + h, start, start, end, WALK_TAKES_H0 | WALK_STORES_HT)
                     for n, (start, end) in enumerate(self.spans) for h in range(heads)]
-            loads = [triton.cdiv(end - start, CHUNK) for _, start, _, end, _ in rows]
+            loads = [cdiv(end - start, CHUNK) for _, start, _, end, _ in rows]
             self._walk_orders[key] = WalkOrder.deal(rows, loads, programs, self.seq_bounds.device)
         return self._walk_orders[key]
 
@@ -187,7 +188,7 @@ class WalkOrder:
         rounds = max(1, *(len(mine) for mine in dealt))  # a row at least: a program reads its first before its count
         table = [rows[mine[i]] if i < len(mine) else (-1, 0, 0, 0, 0) for i in range(rounds) for mine in dealt]
         return cls(programs=programs, makespan=max(program_chunks),
-                   chunks=sum(triton.cdiv(end - first, CHUNK) for _, _, first, end, flags in rows
+                   chunks=sum(cdiv(end - first, CHUNK) for _, _, first, end, flags in rows
                               if not flags & WALK_WHOLE),
                    counts=torch.tensor([len(mine) for mine in dealt], dtype=torch.int32, device=device),
                    walks=torch.tensor(table, dtype=torch.int32, device=device).reshape(-1, WALK_ROW),
@@ -266,7 +267,7 @@ class SegmentLayout:
             for (first, end), n in zip(self.layout.spans, self.sequences):
                 start, last = self.sequence_spans[n]
                 rows += [(n * heads + h, start, first, end, WALK_STORES_HT if end == last else 0) for h in range(heads)]
-            loads = warm_up_loads([triton.cdiv(end - start, CHUNK) for start, end in self.sequence_spans], self.chunks)
+            loads = warm_up_loads([cdiv(end - start, CHUNK) for start, end in self.sequence_spans], self.chunks)
             whole = [(n * heads + h, start, start, end, WALK_STORES_HT | WALK_WHOLE)
                      for n, (start, end) in enumerate(self.sequence_spans)
                      if whole and self.whole_walks and end - start > self.chunks * CHUNK

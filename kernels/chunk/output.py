@@ -10,6 +10,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..common.device import cast, dot, exp
+from ..common.ints import cdiv
 from ..common.tuning import TunedKernel
 from .configs import bv_prune, make_configs
 from .launch import Launch, shape_constexprs
@@ -99,6 +100,6 @@ def output_pass(x: Launch, kernel: TunedKernel, over: ChunkLayout, h: Tensor | N
     """(e) over the blocks of x.span chunks of ``over``; h as for state_pass."""
     blocks, block_indices, _ = over.blocks(x.span)
     if blocks:
-        kernel[lambda meta: (blocks * x.HV * triton.cdiv(x.V, meta["BV"]),)](
+        kernel[lambda meta: (blocks * x.HV * cdiv(x.V, meta["BV"]),)](
             x.q, x.k, x.ws.gc, x.ws.h if h is None else h, x.ws.v_new, x.out, over.seq_bounds, block_indices,
             x.scale, chunk_tier(over.NT, x.HV), SPAN=x.span, **shape_constexprs(x))

@@ -12,9 +12,9 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import triton
 from torch import Tensor
 
+from ..common.ints import cdiv
 from .layout import (CHUNK, ChunkLayout, ChunkWorkspace, PipelineLayout, SegmentLayout, WalkOrder, deal_longest_first,
                      warm_up_loads)
 from .sm90 import GLUON_WALKS, SPECIALIZED
@@ -137,7 +137,7 @@ def pipeline_default(layout: ChunkLayout, HV: int, fuse_output: bool, segments: 
                      walk: str = "triton") -> int | None:
     """Chunks per pipeline group by default (see PIPELINE_MIN_CHUNKS and SM90_PIPELINE_MIN_CHUNKS), or None
     for one call: for long sequences whose output pass runs on its own, or whose walk is the Gluon one."""
-    chunks = triton.cdiv(layout.max_len, CHUNK)  # the longest walk
+    chunks = cdiv(layout.max_len, CHUNK)  # the longest walk
     least, most = PIPELINE_GROUP_CHUNKS
     if segments is not None:
         return None
@@ -201,13 +201,13 @@ def warm_up_default(layout: ChunkLayout, HV: int, V: int, device: torch.device) 
     of norm 1 or less (SegmentLayout)."""
     if device.type != "cuda":
         return None
-    sms, longest = sm_count(device), triton.cdiv(layout.max_len, CHUNK)
-    walked = layout.NT * HV * triton.cdiv(V, 64)  # chunks walked by all the programs (BV 64)
+    sms, longest = sm_count(device), cdiv(layout.max_len, CHUNK)
+    walked = layout.NT * HV * cdiv(V, 64)  # chunks walked by all the programs (BV 64)
     if longest * sms <= walked:
         return None
     least, most = WARM_UP_SEGMENT_CHUNKS
-    chunks = min(max(triton.cdiv(walked, WARM_UP_PROGRAMS_PER_SM * sms), least), most)
-    return chunks if triton.cdiv(longest, chunks) >= WARM_UP_MIN_SEGMENTS else None
+    chunks = min(max(cdiv(walked, WARM_UP_PROGRAMS_PER_SM * sms), least), most)
+    return chunks if cdiv(longest, chunks) >= WARM_UP_MIN_SEGMENTS else None
 
 
 def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bool = False,
@@ -223,7 +223,7 @@ def plan_segments(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: bo
     chunks = warm_up_default(layout, HV, V, q.device)
     if not _specialized_segments(layout, HV, chunks or 0, q, V, raw_gate, qk_l2norm):
         return chunks
-    lengths = [triton.cdiv(end - start, CHUNK) for start, end in layout.spans]
+    lengths = [cdiv(end - start, CHUNK) for start, end in layout.spans]
     programs = sm_count(q.device)
 
     @functools.cache  # the chosen size's and the whole walks' are asked again below
@@ -257,8 +257,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     if segments is not None:
         return SPECIALIZED if _specialized_segments(layout, HV, segments.chunks, q, V, raw_gate,
                                                      qk_l2norm) else "sm90_transposed"
-    walks, sms, chunks = layout.N * HV, sm_count(q.device), triton.cdiv(layout.max_len, CHUNK)
-    programs = walks * triton.cdiv(V, sm90_walk_transposed.BV)
+    walks, sms, chunks = layout.N * HV, sm_count(q.device), cdiv(layout.max_len, CHUNK)
+    programs = walks * cdiv(V, sm90_walk_transposed.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
     if walks >= SPECIALIZED_MIN_WALKS and chunks > 0 and sm90_specialized.unsupported(q, V, raw_gate,
                                                                                          qk_l2norm) is None:
@@ -270,7 +270,7 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
             return SPECIALIZED
     if chunks >= SM90_TRANSPOSED_WALK_MIN_CHUNKS and (programs > sms or (short and programs > sms // 2)):
         return "sm90_transposed"
-    if sms // 2 < walks * triton.cdiv(V, sm90_walk.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
+    if sms // 2 < walks * cdiv(V, sm90_walk.BV) <= 2 * sms and chunks >= SM90_WALK_MIN_CHUNKS:
         return "sm90"
     return "triton"
 
@@ -387,7 +387,7 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
         return make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=RECURRENT)
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
         segment_chunks = plan_segments(layout, q, V, HV, qk_l2norm, raw_gate)
-    whole_walks = triton.cdiv(layout.max_len, CHUNK) >= WHOLE_WALKS_MIN_CHUNKS
+    whole_walks = cdiv(layout.max_len, CHUNK) >= WHOLE_WALKS_MIN_CHUNKS
     segments = SegmentLayout.build(layout, segment_chunks, whole_walks) if segment_chunks else None
     plan = make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep,
                      fuse_output=fuse_output, output_span=output_span, segments=segments, whole_walk=whole_walk)

@@ -13,6 +13,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ..common.device import cast, dot, exp
+from ..common.ints import cdiv
 from ..common.tuning import TunedKernel
 from .configs import config_settings, make_configs, tile_width, with_bv
 from .launch import Launch, shape_constexprs
@@ -190,7 +191,7 @@ def state_pass(x: Launch, kernel, over: ChunkLayout, h0: Tensor | None, ht: Tens
     slow (``warm_up.mark_slow_walks``): beside warm-up segments, which skip the walks it marks slow, the whole
     sequences walk only those."""
     ws = x.ws
-    kernel[lambda meta: (over.N * x.HV * triton.cdiv(x.V, meta["BV"]),)](
+    kernel[lambda meta: (over.N * x.HV * cdiv(x.V, meta["BV"]),)](
         x.q, x.k, x.v, ws.W, ws.U, ws.Ai, ws.gc, ws.h if h is None else h, ws.v_new, x.out, h0, ht,
         over.seq_bounds, over.blocks(x.span)[2], seg_parent, x.lay.seq_bounds, *slow_args(slow), x.scale,
         state_tier(over.N, x.HV, x.V, over.max_len),

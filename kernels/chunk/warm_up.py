@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..common.ints import next_power_of_2
 from .gate import log_decay
 from .launch import Launch
 from .layout import CHUNK, WARM_UP_LOG_DECAY, SegmentLayout
@@ -73,6 +74,6 @@ def mark_slow_walks(x: Launch, segments: SegmentLayout) -> SlowWalks:
     window = segments.chunks * CHUNK
     _mark_kernel[(segments.layout.N, x.HV)](
         x.g, x.a, x.A_log, x.dt_bias, segments.layout.seq_bounds, segments.parent, segments.parent_bounds,
-        x.ws.slow_marks, HV=x.HV, WINDOW=window, BLOCK=min(1024, triton.next_power_of_2(window)), RAW_GATE=x.raw,
+        x.ws.slow_marks, HV=x.HV, WINDOW=window, BLOCK=min(1024, next_power_of_2(window)), RAW_GATE=x.raw,
         num_warps=4)
     return SlowWalks(marks=x.ws.slow_marks, seg_offsets=segments.seg_offsets)

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..common.inputs import check_inputs, output_buffer
 from ..common.interpreter import triton_interpreter_on
+from ..common.ints import cdiv, next_power_of_2
 from ..common.tuning import fastest
 from .kernel import INTERPRETED, recurrent_gdn_kernel
 
@@ -49,14 +50,14 @@ def _prune(configs: list[triton.Config], BK: int, V: int) -> list[triton.Config]
     tile with under 4 or over 64 fp32 state elements per thread (idle threads, or spills on sm_90)."""
     keep, seen = [], set()
     for c in configs:
-        bv = min(c.kwargs["BV"], triton.next_power_of_2(V))  # BV beyond V only masks more columns
+        bv = min(c.kwargs["BV"], next_power_of_2(V))  # BV beyond V only masks more columns
         per_thread = BK * bv / (32 * c.num_warps)
         key = (bv, c.kwargs["ITEMS"], c.num_warps)
         if per_thread < 4 or per_thread > 64 or key in seen:
             continue
         seen.add(key)
         keep.append(triton.Config({**c.kwargs, "BV": bv}, num_warps=c.num_warps, num_stages=c.num_stages))
-    return keep or [triton.Config({"BV": min(32, triton.next_power_of_2(V)), "ITEMS": 1}, num_warps=4,
+    return keep or [triton.Config({"BV": min(32, next_power_of_2(V)), "ITEMS": 1}, num_warps=4,
                                   num_stages=_NUM_STAGES)]
 
 
@@ -136,7 +137,7 @@ def config_str(cfg: dict | None) -> str:
 
 def tuning_candidates(K: int, V: int) -> list[triton.Config]:
     """The configs a launch with head dims K, V is tuned over (CONFIGS pruned; the interpreter's one as is)."""
-    return CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, triton.next_power_of_2(K), V)
+    return CONFIGS if len(CONFIGS) == 1 else _prune(CONFIGS, next_power_of_2(K), V)
 
 
 def _config_dict(c: triton.Config) -> dict:
@@ -222,7 +223,7 @@ def recurrent_gdn(
         if ht.shape != (N, HV, *kv) or ht.dtype != torch.float32 or not ht.is_contiguous():
             raise ValueError(f"final_state must be a contiguous fp32 {[N, HV, *kv]} tensor")
 
-    BK = triton.next_power_of_2(K)
+    BK = next_power_of_2(K)
     per_seq = _per_sequence(B * T, N)
     KS = key_runs(BK, state_pool.element_size() if is_pool else 4, v_first, per_seq, per_token)
     key = tune_key(K, V, pool=is_pool, N=N, H=H, HV=HV, tokens=B * T, per_token=per_token, v_first=v_first)
@@ -230,8 +231,8 @@ def recurrent_gdn(
         slot_idx, num_accepted_tokens = slot_idx.contiguous(), num_accepted_tokens.contiguous()
 
     def launch(cfg: triton.Config, o_: Tensor, pool_: Tensor | None, slots_: Tensor | None) -> None:
-        items = N * HV * triton.cdiv(V, cfg.kwargs["BV"])
-        recurrent_gdn_kernel[(triton.cdiv(items, cfg.kwargs["ITEMS"]),)](
+        items = N * HV * cdiv(V, cfg.kwargs["BV"])
+        recurrent_gdn_kernel[(cdiv(items, cfg.kwargs["ITEMS"]),)](
             q, k, v, g, beta, a, b, A_log, dt_bias, o_, h0, ht, pool_, slots_, num_accepted_tokens, cu_seqlens,
             scale, T, N * HV,
             H=H, HV=HV, K=K, V=V, BK=BK, IS_VARLEN=cu_seqlens is not None, USE_H0=h0 is not None,
@@ -243,7 +244,7 @@ def recurrent_gdn(
     # the argument dtypes select another compiled kernel, so they belong to the key
     tensors = (q, k, v, g, beta, a, b, A_log, dt_bias, out, h0, ht, state_pool, slot_idx, num_accepted_tokens,
                cu_seqlens)
-    full_key = (key, tuple(None if t is None else str(t.dtype) for t in tensors))
+    full_key = (key, tuple(None if t is None else t.dtype for t in tensors))
     if full_key not in _TUNED:
         candidates = tuning_candidates(K, V)
         if is_pool and len(candidates) > 1:
