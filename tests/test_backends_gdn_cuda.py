@@ -125,7 +125,7 @@ def _toolkit(home: Path) -> Path:
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for var in (*gdn_cuda_common.ROOT_VARS, *gdn_cuda_common.CUDA_VARS, "JIT_USE_NVRTC"):
+    for var in (*gdn_cuda_common.ROOT_VARS, *gdn_cuda_common.CUDA_VARS, "JIT_USE_NVRTC", "LD_PRELOAD"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -313,6 +313,12 @@ def test_jit_note_reads_the_variable_as_the_library_does(clean_env, monkeypatch,
     if value is not None:
         monkeypatch.setenv("JIT_USE_NVRTC", value)
     assert gdn_cuda_common.jit_note() == jit
+
+
+def test_a_preloaded_library_is_named_on_the_row(clean_env, monkeypatch):
+    assert gdn_cuda_common.preload_note() == ""
+    monkeypatch.setenv("LD_PRELOAD", "/lib/x86_64-linux-gnu/libstdc++.so.6")
+    assert gdn_cuda_common.preload_note() == ", LD_PRELOAD=/lib/x86_64-linux-gnu/libstdc++.so.6"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -30,7 +30,8 @@ import torch
 
 from gdnbench.backends import convert
 from gdnbench.backends.base import Outputs, Prepared, backend
-from gdnbench.backends.gdn_cuda_common import ARCHS, DTYPES, PACKAGE, init, jit_note, padding_note, runtime_unavailable
+from gdnbench.backends.gdn_cuda_common import (ARCHS, DTYPES, PACKAGE, init, jit_note, padding_note, preload_note,
+                                              runtime_unavailable)
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 
@@ -75,6 +76,6 @@ def gdn_cuda_chunk(p: Problem) -> Prepared:
         return Outputs(o=o, final_state=final)
 
     initial = "; initial state cast to bf16 V-first in prepare" if p.initial_state is not None else ""
-    path = (f"gdn_cuda chunked_forward (SM90 CUTLASS, {jit_note()}); {layout}; log g fp32, beta bf16{initial}; "
+    path = (f"gdn_cuda chunked_forward (SM90 CUTLASS, {jit_note()}{preload_note()}); {layout}; log g fp32, beta bf16{initial}; "
             f"final state bf16 V-first, made K-first fp32 after the call{padding_note(case.K)}")
     return Prepared(call=call, outputs=outputs, path=path)

@@ -101,6 +101,13 @@ def jit_note() -> str:
     return "NVRTC JIT" if number and int(number.group()) else "nvcc JIT"
 
 
+def preload_note() -> str:
+    """The libraries preloaded into the process (``LD_PRELOAD``), which the row names: on some images ``init``
+    runs only with the system's libstdc++ preloaded (docs/offline-gpu.md)."""
+    preload = os.environ.get("LD_PRELOAD", "").strip()
+    return f", LD_PRELOAD={preload}" if preload else ""
+
+
 def padding_note(head_dim: int) -> str:
     """Both calls zero-pad q, k, v (and the initial state) to a multiple of 64 with torch::pad inside the
     call, so in the timed region (``csrc/apis/gdn_forward.cpp``); the row says so where it happens."""

@@ -33,7 +33,8 @@ import torch
 
 from gdnbench.backends.base import Outputs, Prepared, backend
 from gdnbench.backends.convert import GATHER_NOTE, GatheredPool
-from gdnbench.backends.gdn_cuda_common import ARCHS, DTYPES, PACKAGE, init, jit_note, padding_note, runtime_unavailable
+from gdnbench.backends.gdn_cuda_common import (ARCHS, DTYPES, PACKAGE, init, jit_note, padding_note, preload_note,
+                                              runtime_unavailable)
 from gdnbench.problem import Problem
 from gdnbench.suite import Case
 
@@ -59,7 +60,7 @@ def gdn_cuda_recurrent(p: Problem) -> Prepared:
         out["o"], final = gdn_cuda.recurrent_forward(initial_state=pool.gather(), **kw)
         pool.scatter(final)
 
-    path = (f"gdn_cuda recurrent_forward (SM90, {jit_note()}), inference_mode=Decode; g cast to bf16 in prepare; "
+    path = (f"gdn_cuda recurrent_forward (SM90, {jit_note()}{preload_note()}), inference_mode=Decode; g cast to bf16 in prepare; "
             f"is_qk_norm={p.qk_l2norm_in_kernel}; V-first bf16 pool, {GATHER_NOTE}{padding_note(p.case.K)}")
     return Prepared(call=call, outputs=lambda: Outputs(o=out["o"], state_pool=pool.canonical()), reset=pool.reset,
                     path=path)
