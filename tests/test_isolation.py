@@ -170,7 +170,8 @@ def test_fatal_signal_frames_reads_the_innermost_frames_of_the_last_trace():
     lines = ["a warning", "Fatal Python error: Aborted", 'File "old.py", line 1 in gone',
              "Fatal Python error: Segmentation fault", "Thread 0x2 (most recent call first):",
              'File "threading.py", line 3 in wait', "Current thread 0x1 (most recent call first):",
-             'File "lib.py", line 9 in init', 'File "adapter.py", line 40 in prepare', 'File "runner.py", line 5 in run',
+             'File "lib.py", line 9 in init', 'File "adapter.py", line 40 in prepare',
+             'File "runner.py", line 5 in run',
              "Extension modules: torch._C (total: 1)"]
     assert fatal_signal_frames(lines, 2) == ["Fatal Python error: Segmentation fault", 'File "lib.py", line 9 in init',
                                              'File "adapter.py", line 40 in prepare']

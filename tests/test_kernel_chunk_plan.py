@@ -501,7 +501,8 @@ def test_whole_walks_beside_warm_up_segments_only_on_long_walks(T, whole_walks, 
 def test_tiny_prefills_run_token_by_token(B, T, seqs, recurrent):
     """default_plan sends calls whose longest sequence has RECURRENT_MAX_TOKENS tokens or fewer, and whose
     sequences x value heads x longest length is RECURRENT_MAX_STEPS or fewer (any number where every sequence has
-    one token), to the recurrent kernel, unless a field is forced; the plan's walk and prep say so, and describe names it."""
+    one token), to the recurrent kernel, unless a field is forced; the plan's walk and prep say so, and describe
+    names it."""
     from gdnbench_kernels import chunk
 
     cu = None if seqs is None else torch.tensor([0, *itertools.accumulate(seqs)])

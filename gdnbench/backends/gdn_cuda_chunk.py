@@ -76,6 +76,7 @@ def gdn_cuda_chunk(p: Problem) -> Prepared:
         return Outputs(o=o, final_state=final)
 
     initial = "; initial state cast to bf16 V-first in prepare" if p.initial_state is not None else ""
-    path = (f"gdn_cuda chunked_forward (SM90 CUTLASS, {jit_note()}{preload_note()}); {layout}; log g fp32, beta bf16{initial}; "
-            f"final state bf16 V-first, made K-first fp32 after the call{padding_note(case.K)}")
+    path = (f"gdn_cuda chunked_forward (SM90 CUTLASS, {jit_note()}{preload_note()}); {layout}; "
+            f"log g fp32, beta bf16{initial}; final state bf16 V-first, made K-first fp32 after the call"
+            f"{padding_note(case.K)}")
     return Prepared(call=call, outputs=outputs, path=path)

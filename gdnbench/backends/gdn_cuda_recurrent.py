@@ -60,7 +60,8 @@ def gdn_cuda_recurrent(p: Problem) -> Prepared:
         out["o"], final = gdn_cuda.recurrent_forward(initial_state=pool.gather(), **kw)
         pool.scatter(final)
 
-    path = (f"gdn_cuda recurrent_forward (SM90, {jit_note()}{preload_note()}), inference_mode=Decode; g cast to bf16 in prepare; "
-            f"is_qk_norm={p.qk_l2norm_in_kernel}; V-first bf16 pool, {GATHER_NOTE}{padding_note(p.case.K)}")
+    path = (f"gdn_cuda recurrent_forward (SM90, {jit_note()}{preload_note()}), inference_mode=Decode; "
+            f"g cast to bf16 in prepare; is_qk_norm={p.qk_l2norm_in_kernel}; V-first bf16 pool, {GATHER_NOTE}"
+            f"{padding_note(p.case.K)}")
     return Prepared(call=call, outputs=lambda: Outputs(o=out["o"], state_pool=pool.canonical()), reset=pool.reset,
                     path=path)
