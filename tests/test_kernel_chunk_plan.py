@@ -476,20 +476,44 @@ def test_a_workspace_must_fit_the_variant():
         chunk.chunk_gdn(**kw, layout=lay, workspace=fused_ws)
 
 
-@pytest.mark.parametrize("T,whole_walks", [(16384, True), (4096, True), (2048, False)])
-def test_whole_walks_beside_warm_up_segments_only_on_long_walks(T, whole_walks, monkeypatch):
+@pytest.mark.parametrize("T,HV,whole_walks", [
+    (16384, 32, True),  # 5 segments of 63 chunks a walk: 320 programs of 64 columns, over the 264 that run at once
+    (16384, 8, False),  # 16 of 16 chunks: 256 programs, all at once
+    (2048, 32, False),  # walks of 32 chunks: warm-ups as long as the decay needs
+])
+def test_whole_walks_beside_warm_up_segments_only_where_too_many_to_run_at_once(T, HV, whole_walks, monkeypatch):
     """default_plan on a faked H100 (132 SMs): warm-up segments beside whole walks (SegmentLayout.whole_walks) where
-    the longest walk has WHOLE_WALKS_MIN_CHUNKS chunks or more; below, warm-ups as long as the decay needs."""
+    the longest walk has WHOLE_WALKS_MIN_CHUNKS chunks or more and the segments' walks are more than the GPU runs at
+    once; elsewhere, warm-ups as long as the decay needs."""
     from gdnbench_kernels import chunk
 
     monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
     warm_up_default = chunk.plan.warm_up_default
     monkeypatch.setattr(chunk.plan, "warm_up_default", lambda *a: warm_up_default(*a[:3], torch.device("cuda")))
+    whole_walks_pay = chunk.plan.whole_walks_pay
+    monkeypatch.setattr(chunk.plan, "whole_walks_pay", lambda *a: whole_walks_pay(*a[:5], torch.device("cuda")))
     layout = chunk.ChunkLayout.build(1, T, None, CPU)
     q = torch.empty(1, T, 4, 128)
-    plan = chunk.plan.default_plan(layout, q, q, 128, 8, raw_gate=False, qk_l2norm=False)
-    assert plan.segments is not None and plan.segments.whole_walks == whole_walks
-    assert (T // chunk.CHUNK >= chunk.plan.WHOLE_WALKS_MIN_CHUNKS) == whole_walks
+    plan = chunk.plan.default_plan(layout, q, q, 128, HV, raw_gate=False, qk_l2norm=False)
+    assert plan.walk == "triton" and plan.segments is not None and plan.segments.whole_walks == whole_walks
+
+
+@pytest.mark.parametrize("T,segment_chunks,specialized,whole_walks", [
+    (16384, 63, True, True),  # 160 segment walks on 132 programs, one a SM
+    (8192, 32, True, False),  # 128
+    (8192, 32, False, False),  # 256 programs of 64 columns, two a SM
+    (16384, 32, False, True),  # 512
+    (4032, 4, False, False),  # 63 chunks: under WHOLE_WALKS_MIN_CHUNKS
+])
+def test_whole_walks_pay_where_the_gpu_cannot_run_every_segment_at_once(T, segment_chunks, specialized, whole_walks,
+                                                                        monkeypatch):
+    from gdnbench_kernels import chunk
+
+    monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
+    layout = chunk.ChunkLayout.build(1, T, None, CPU)
+    pays = chunk.plan.whole_walks_pay(layout, segment_chunks, 32, 128, specialized, torch.device("cuda"))
+    assert pays == whole_walks
+    assert chunk.plan.whole_walks_pay(layout, segment_chunks, 32, 128, specialized, CPU) == (T >= 4096)  # interpreter
 
 
 @pytest.mark.parametrize("B,T,seqs,recurrent", [

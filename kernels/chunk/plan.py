@@ -86,7 +86,8 @@ WARM_UP_PROGRAMS_PER_SM = 2
 
 # Beside warm-up segments, the walks whose decay is too slow for them walked whole (SegmentLayout.whole_walks) where
 # the longest walk is this long: there a weak decay made warm-ups cost 6-33x, short walks paid the marks' launches
-# instead (docs/decisions/0022-slow-decay-walks.md).
+# instead; and only where the segments' walks outnumber what the GPU runs at once
+# (docs/decisions/0022-slow-decay-walks.md).
 WHOLE_WALKS_MIN_CHUNKS = 64
 
 
@@ -113,6 +114,22 @@ def recurrent_pays(layout: ChunkLayout, HV: int) -> bool:
     if layout.max_len == 1:
         return True
     return 0 < layout.max_len <= RECURRENT_MAX_TOKENS and layout.N * HV * layout.max_len <= RECURRENT_MAX_STEPS
+
+
+def whole_walks_pay(layout: ChunkLayout, segment_chunks: int, HV: int, V: int, specialized: bool,
+                    device: torch.device) -> bool:
+    """Whether the walks too slow for warm-up segments of ``segment_chunks`` chunks are walked whole beside them
+    (``SegmentLayout.whole_walks``): where the longest walk has WHOLE_WALKS_MIN_CHUNKS chunks or more and, on a GPU,
+    the segments' walks outnumber the programs it runs at once (one a SM for SPECIALIZED, ``specialized``;
+    WARM_UP_PROGRAMS_PER_SM a SM of 64 value columns each for the other walks). Where it runs them all at once, the
+    longest warm-up ends with the whole walk that would replace it, and the marks only add launches (0022)."""
+    if cdiv(layout.max_len, CHUNK) < WHOLE_WALKS_MIN_CHUNKS:
+        return False
+    if device.type != "cuda":  # the interpreter: no GPU to fill
+        return True
+    walks = sum(max(cdiv(end - start, segment_chunks * CHUNK), 1) for start, end in layout.spans) * HV
+    sms = sm_count(device)
+    return walks > sms if specialized else walks * cdiv(V, 64) > WARM_UP_PROGRAMS_PER_SM * sms
 
 
 def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None, walk: str = "triton") -> str:
@@ -377,9 +394,10 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
                  pipeline_chunks: int | None = None, whole_walk: str | None = None) -> ChunkPlan:
     """A call's plan by the default rules, any field forced (sweeps force one at a time). segment_chunks: warm-up
     segments of that many chunks (``plan_segments`` where None, unless fuse_output, walk or pipeline_chunks is
-    forced; 0: whole sequences); pipeline_chunks: groups of that many chunks (``pipeline_default`` where None;
-    0: one call); whole_walk: ``ChunkPlan.whole_walk`` (None by default). Nothing forced, where ``recurrent_pays``:
-    walk=RECURRENT. fused False: the multi-kernel pipeline, which has nothing to decide."""
+    forced; 0: whole sequences), beside whole walks where ``whole_walks_pay``; pipeline_chunks: groups of that
+    many chunks (``pipeline_default`` where None; 0: one call); whole_walk: ``ChunkPlan.whole_walk`` (None by
+    default). Nothing forced, where ``recurrent_pays``: walk=RECURRENT. fused False: the multi-kernel pipeline,
+    which has nothing to decide."""
     if not fused:
         return STAGES_PLAN
     forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks, whole_walk)
@@ -387,10 +405,14 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
         return make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=RECURRENT)
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
         segment_chunks = plan_segments(layout, q, V, HV, qk_l2norm, raw_gate)
-    whole_walks = cdiv(layout.max_len, CHUNK) >= WHOLE_WALKS_MIN_CHUNKS
-    segments = SegmentLayout.build(layout, segment_chunks, whole_walks) if segment_chunks else None
-    plan = make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep,
-                     fuse_output=fuse_output, output_span=output_span, segments=segments, whole_walk=whole_walk)
+    segments = SegmentLayout.build(layout, segment_chunks) if segment_chunks else None
+    fields = dict(raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep, fuse_output=fuse_output,
+                  output_span=output_span)
+    plan = make_plan(layout, q, k, V, HV, **fields, segments=segments)
+    if segments is not None and whole_walks_pay(layout, segment_chunks, HV, V, plan.walk == SPECIALIZED, q.device):
+        segments = dataclasses.replace(segments, whole_walks=True, _walks={})
+    if whole_walk is not None or segments is not plan.segments:
+        plan = make_plan(layout, q, k, V, HV, **fields, segments=segments, whole_walk=whole_walk)
     if pipeline_chunks is None:
         pipeline_chunks = pipeline_default(layout, HV, plan.fuse_output, segments, plan.walk)
     if not pipeline_chunks:
