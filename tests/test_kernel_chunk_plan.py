@@ -499,11 +499,10 @@ def test_whole_walks_beside_warm_up_segments_only_where_too_many_to_run_at_once(
 
 
 @pytest.mark.parametrize("T,segment_chunks,specialized,whole_walks", [
-    (16384, 63, True, True),  # 160 segment walks on 132 programs, one a SM
-    (8192, 32, True, False),  # 128
-    (8192, 32, False, False),  # 256 programs of 64 columns, two a SM
+    (8192, 32, True, True),  # 128 segment walks on 132 programs: the warp-specialized kernel takes whole walks anyway
+    (4032, 16, True, False),  # 63 chunks: under WHOLE_WALKS_MIN_CHUNKS
+    (8192, 32, False, False),  # 256 programs of 64 columns, two a SM: all at once
     (16384, 32, False, True),  # 512
-    (4032, 4, False, False),  # 63 chunks: under WHOLE_WALKS_MIN_CHUNKS
 ])
 def test_whole_walks_pay_where_the_gpu_cannot_run_every_segment_at_once(T, segment_chunks, specialized, whole_walks,
                                                                         monkeypatch):

@@ -86,8 +86,8 @@ WARM_UP_PROGRAMS_PER_SM = 2
 
 # Beside warm-up segments, the walks whose decay is too slow for them walked whole (SegmentLayout.whole_walks) where
 # the longest walk is this long: there a weak decay made warm-ups cost 6-33x, short walks paid the marks' launches
-# instead; and only where the segments' walks outnumber what the GPU runs at once
-# (docs/decisions/0022-slow-decay-walks.md).
+# instead; beside the Triton and transposed walks, only where the segments' programs are more than the GPU runs at
+# once (docs/decisions/0022-slow-decay-walks.md).
 WHOLE_WALKS_MIN_CHUNKS = 64
 
 
@@ -119,17 +119,17 @@ def recurrent_pays(layout: ChunkLayout, HV: int) -> bool:
 def whole_walks_pay(layout: ChunkLayout, segment_chunks: int, HV: int, V: int, specialized: bool,
                     device: torch.device) -> bool:
     """Whether the walks too slow for warm-up segments of ``segment_chunks`` chunks are walked whole beside them
-    (``SegmentLayout.whole_walks``): where the longest walk has WHOLE_WALKS_MIN_CHUNKS chunks or more and, on a GPU,
-    the segments' walks outnumber the programs it runs at once (one a SM for SPECIALIZED, ``specialized``;
-    WARM_UP_PROGRAMS_PER_SM a SM of 64 value columns each for the other walks). Where it runs them all at once, the
-    longest warm-up ends with the whole walk that would replace it, and the marks only add launches (0022)."""
+    (``SegmentLayout.whole_walks``): where the longest walk has WHOLE_WALKS_MIN_CHUNKS chunks or more and, for the
+    walks other than SPECIALIZED (``specialized``) on a GPU, the segments' programs (WARM_UP_PROGRAMS_PER_SM a SM of
+    64 value columns each) are more than it runs at once: where it runs them all at once, the longest warm-up ends
+    about when the whole walk that would replace it would, and the marks and the whole walks' launch cost more
+    (0022). The warp-specialized kernel walks whole walks faster than as long warm-ups even then (0022)."""
     if cdiv(layout.max_len, CHUNK) < WHOLE_WALKS_MIN_CHUNKS:
         return False
-    if device.type != "cuda":  # the interpreter: no GPU to fill
+    if specialized or device.type != "cuda":  # on a CPU, the interpreter: no GPU to fill
         return True
-    walks = sum(max(cdiv(end - start, segment_chunks * CHUNK), 1) for start, end in layout.spans) * HV
-    sms = sm_count(device)
-    return walks > sms if specialized else walks * cdiv(V, 64) > WARM_UP_PROGRAMS_PER_SM * sms
+    programs = sum(max(cdiv(end - start, segment_chunks * CHUNK), 1) for start, end in layout.spans) * HV * cdiv(V, 64)
+    return programs > WARM_UP_PROGRAMS_PER_SM * sm_count(device)
 
 
 def plan_prep(k: Tensor, raw_gate: bool, qk_l2norm: bool, prep: str | None = None, walk: str = "triton") -> str:
