@@ -65,7 +65,8 @@ for recipe in ("randn", "gdnbench"):
     S0 = torch.randn(D, D, device="cuda").bfloat16()  # [V, K]
     o, state = gdn_cuda.recurrent_forward(query=q[None, :, None], key=k[None, :, None], value=v[None, :, None],
                                           beta=beta[None, :, None], gate=g[None, :, None].bfloat16(),
-                                          initial_state=S0[None, None], inference_mode=int(gdn_cuda.InferenceMode.Decode),
+                                          initial_state=S0[None, None],
+                                          inference_mode=int(gdn_cuda.InferenceMode.Decode),
                                           is_qk_norm=False, scale=SCALE)
     for before in (False, True):
         ref_o, ref_s = reference(q, k, v, beta, g.bfloat16(), S0, delta_before_decay=before)
