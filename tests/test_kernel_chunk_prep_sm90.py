@@ -2,7 +2,8 @@
 
 Gluon has no interpreter: on a CPU the kernel is compiled for sm_90 and chunk_fused's choice of prep kernel
 is checked; on an sm_90 GPU its gc and Ai are compared with the Triton prep kernel's on NaN-poisoned
-buffers, and whole calls with the fp64 recurrence, replayed from a CUDA graph as the harness times them.
+buffers (every chunk, and the chunks of the walks that slow marks mark alone), and whole calls with the fp64
+recurrence, replayed from a CUDA graph as the harness times them.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ def _sm90() -> bool:
 
 
 @pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")
-@pytest.mark.parametrize("dtype,K", [("bf16", 128), ("fp16", 128), ("bf16", 64), ("bf16", 256)])
-def test_prep_compiles_for_sm90_in_its_programs_per_sm(dtype, K):
+@pytest.mark.parametrize("dtype,K,slow", [("bf16", 128, False), ("fp16", 128, False), ("bf16", 64, False),
+                                          ("bf16", 256, False), ("bf16", 128, True)])
+def test_prep_compiles_for_sm90_in_its_programs_per_sm(dtype, K, slow):
+    """Every chunk's prep, or with slow marks (a plan's whole_walk) that of the walks they mark alone."""
     from gdnbench_kernels.chunk.sm90 import prep
 
     if prep.GLUON_MISSING:
@@ -32,8 +35,12 @@ def test_prep_compiles_for_sm90_in_its_programs_per_sm(dtype, K):
     dt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     desc = lambda block: f"tensordesc<{dtype}{block},{gl.NVMMASharedLayout.get_default_for(block, dt)!r}>"  # noqa: E731
     const = dict(H=2, HV=4, K=K, BT=prep.BT)
+    marks = {"slow_marks": "*i32", "seg_offsets": "*i32"} if slow else {}
+    if not slow:
+        const.update(slow_marks=None, seg_offsets=None)
     sig = dict(k_desc=desc([64, K]), ai_desc=desc([64, 64]), Ai=f"*{dtype}", g="*fp32", beta=f"*{dtype}", gc="*fp32",
-               seq_bounds="*i64", chunk_indices="*i32", n_items="i32", **{name: "constexpr" for name in const})
+               seq_bounds="*i64", chunk_indices="*i32", n_items="i32", **marks,
+               **{name: "constexpr" for name in const})
     compiled = compile_sm90(prep._chunk_prep_kernel, sig, const, interpreted=False, num_warps=prep.WARPS)
     # the persistent grid's programs all fit on an SM's shared memory at once (registers: PROGRAMS_PER_SM's note)
     assert compiled.metadata.shared * prep.PROGRAMS_PER_SM[K] <= 227 * 1024
@@ -90,8 +97,8 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
     kw = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     layout = chunk.ChunkLayout.build(B, T, kw.get("cu_seqlens"), dev)
 
-    stages = {}
-    for prep in ("sm90", "triton"):  # the prep kernel alone, into NaN-poisoned gc and Ai
+    def prepped(prep: str, slow=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """gc and Ai of the prep kernel alone, into NaN-poisoned buffers."""
         inputs = ("q", "k", "v", "g", "beta", "a", "b", "A_log", "dt_bias")
         x = chunk.launch.prepare_launch(**{n: kw.get(n) for n in inputs},
                                         scale=kw["scale"], initial_state=None, output_final_state=False,
@@ -99,13 +106,29 @@ def test_sm90_prep_matches_the_triton_prep_and_the_recurrence(dtype, seqs, H, HV
                                         workspace=None, stages=False, fuse_output=True)
         x.ws.gc.fill_(float("nan"))
         x.ws.Ai.fill_(float("nan"))
-        chunk.forward.run_prep(x, layout, prep)
+        chunk.forward.run_prep(x, layout, prep, slow=slow)
         torch.cuda.synchronize()
-        stages[prep] = (x.ws.gc.double().cpu(), x.ws.Ai.double().cpu())
-    (gc, ai), (gc_tri, ai_tri) = stages["sm90"], stages["triton"]
+        return x.ws.gc.double().cpu(), x.ws.Ai.double().cpu()
+
+    (gc, ai), (gc_tri, ai_tri) = prepped("sm90"), prepped("triton")
     assert torch.isfinite(gc).all() and torch.isfinite(ai).all()
     assert torch.allclose(gc, gc_tri, rtol=1e-5, atol=1e-5)
     assert ((ai - ai_tri).norm() / ai_tri.norm()).item() < 1e-3
+
+    # with slow marks (a plan's whole_walk): the chunks of the marked walks alone, as the Triton kernel preps them
+    segments = chunk.SegmentLayout.build(layout, 1, whole_walks=True)
+    marks = torch.zeros(segments.layout.N, HV, dtype=torch.int32)
+    for n, first in enumerate(segments.seg_offsets.tolist()[:-1]):  # every other head of each sequence, by one mark
+        marks[first, n % 2::2] = 1
+    marks = marks.to(dev)
+    slow = chunk.warm_up.SlowWalks(marks=marks, seg_offsets=segments.seg_offsets)
+    (gc, ai), (gc_tri, ai_tri) = prepped("sm90", slow), prepped("triton", slow)
+    assert torch.equal(gc.isnan(), gc_tri.isnan()) and torch.equal(ai.isnan(), ai_tri.isnan())
+    assert gc.isnan().any() and not gc.isnan().all()  # some walks marked, some not
+    done = ~gc_tri.isnan()
+    assert torch.allclose(gc[done], gc_tri[done], rtol=1e-5, atol=1e-5)
+    done = ~ai_tri.isnan()
+    assert ((ai[done] - ai_tri[done]).norm() / ai_tri[done].norm()).item() < 1e-3
 
     ws = chunk.ChunkWorkspace.allocate(layout, kw["q"], kw["v"], stages=False, raw_gate=False, fuse_output=True,
                                        final_state=True)

@@ -139,14 +139,16 @@ def test_specialized_walk_choice_and_its_errors(monkeypatch):
     assert "K = V = 128" in chunk_specialized_sm90.unsupported(q, 64, False, False)
 
 
-def test_whole_walk_only_beside_the_specialized_kernels_segments(monkeypatch):
-    """A plan's whole_walk="sm90" beside walk="sm90_specialized" over warm-up segments with whole walks, and nowhere
-    else: not over segments without whole walks, not beside another walk, not a walk it does not know; the
-    specialized kernel's order then leaves the whole walks out."""
+def test_whole_walk_only_after_the_specialized_kernels_segments(monkeypatch):
+    """A plan's whole_walk="sm90" after walk="sm90_specialized" over warm-up segments with whole walks, and nowhere
+    else: not over segments without whole walks, not after another walk, not a walk it does not know, not where the
+    Gluon prep cannot prep their chunks; the specialized kernel's order then leaves the whole walks out."""
     from gdnbench_kernels import chunk
+    from gdnbench_kernels.chunk.sm90 import prep as chunk_prep_sm90
     from gdnbench_kernels.chunk.sm90 import specialized as chunk_specialized_sm90
 
     monkeypatch.setattr(chunk_specialized_sm90, "unsupported", lambda *a: None)
+    monkeypatch.setattr(chunk_prep_sm90, "unsupported", lambda *a: None)
     for module in chunk.sm90.GLUON_WALKS.values():
         monkeypatch.setattr(module, "unsupported", lambda *a: None)
     monkeypatch.setattr(chunk.plan, "sm_count", lambda device: 132)
@@ -161,11 +163,15 @@ def test_whole_walk_only_beside_the_specialized_kernels_segments(monkeypatch):
     without = chunk.plan.specialized_order(layout, 32, q.device, segments, whole=False)
     assert ((with_whole.walks[:, 4] & whole) != 0).sum() == 32 and ((without.walks[:, 4] & whole) != 0).sum() == 0
     for kwargs, why in ((dict(segments=chunk.SegmentLayout.build(layout, 16)), "no whole walks"),
-                        (dict(segments=segments, walk="sm90_transposed"), "beside walk='sm90_specialized'"),
+                        (dict(segments=segments, walk="sm90_transposed"), "after walk='sm90_specialized'"),
                         (dict(segments=segments, whole_walk="triton"), "must be one of")):
         with pytest.raises(ValueError, match=why):
             chunk.plan.make_plan(layout, q, q, 128, 32, raw_gate=False, qk_l2norm=False,
                             **{"whole_walk": "sm90", **kwargs})
+    monkeypatch.setattr(chunk_prep_sm90, "unsupported", lambda *a: "no Gluon prep")
+    with pytest.raises(ValueError, match="no Gluon prep"):
+        chunk.plan.make_plan(layout, q, q, 128, 32, raw_gate=False, qk_l2norm=False, segments=segments,
+                             whole_walk="sm90")
 
 
 def test_specialized_backend_says_why_it_skips(monkeypatch):
@@ -430,8 +436,8 @@ def test_walk_over_warm_up_segments_under_graph_replay(gluon_walk, gate_norm, h0
     """The transposed Gluon walk and the warp-specialized kernel over warm-up segments of 4 chunks, with or without
     whole walks beside them (outputs and final states; h0, if given, only where a warm-up reaches its sequence's
     start) against the Triton walk over the same segments and against the fp64 recurrence, replayed from a CUDA graph
-    on NaN-poisoned outputs. Unequal sequences, one empty. programs: that many SMs, so that each of the specialized kernel's programs finds the
-    warm-up starts of many walks in turn."""
+    on NaN-poisoned outputs. Unequal sequences, one empty. programs: that many SMs, so that each of the specialized
+    kernel's programs finds the warm-up starts of many walks in turn."""
     from gdnbench_kernels import chunk
 
     if "/" in gluon_walk and not whole_walks:

@@ -62,18 +62,15 @@ def _walk_segments(x: Launch, prep: str, segments: SegmentLayout,
     main.wait_stream(side)
 
 
-def _beside_whole_walks(x: Launch, slow: SlowWalks, whole_walk: str, final: Tensor | None,
-                        segments_walk: Callable[[], None]) -> None:
-    """The walks ``slow`` marks, walked whole by the Gluon walk ``whole_walk`` after the Triton prep of their chunks
-    alone, on a stream of their own at a higher priority (forked after the marks, joined back into the caller's),
-    beside ``segments_walk``, the warm-up segments of the others, on the caller's stream."""
-    main, side = torch.cuda.current_stream(x.q.device), pipeline_streams(x.q.device)[0]
-    side.wait_stream(main)
-    with torch.cuda.stream(side):
-        run_prep(x, x.lay, "triton", slow=slow)
-        walk_with_output(x, x.lay, x.h0, final, whole_walk, None, slow)
+def _segments_then_whole_walks(x: Launch, slow: SlowWalks, whole_walk: str, final: Tensor | None,
+                                segments_walk: Callable[[], None]) -> None:
+    """``segments_walk``, the warm-up segments of the walks that ``slow`` does not mark, then the walks it marks,
+    whole: the Gluon prep of their chunks alone and the Gluon walk ``whole_walk``. One after the other on the
+    caller's stream: each kernel's persistent programs take the SMs, so that side by side on two streams the later
+    kernel's programs queue behind the earlier's (docs/decisions/0022-slow-decay-walks.md)."""
     segments_walk()
-    main.wait_stream(side)
+    run_prep(x, x.lay, "sm90", slow=slow)
+    walk_with_output(x, x.lay, x.h0, final, whole_walk, None, slow)
 
 
 def chunk_gdn(
@@ -192,7 +189,7 @@ def chunk_fused_gdn(
         if plan.whole_walk is None:
             segments_walk()
         else:
-            _beside_whole_walks(x, slow, plan.whole_walk, final, segments_walk)
+            _segments_then_whole_walks(x, slow, plan.whole_walk, final, segments_walk)
     elif whole_walks:
         _walk_segments(x, plan.prep, plan.segments,
                        lambda slow, segments: walk_with_output(x, lay, x.h0, final, plan.walk, segments, slow))
@@ -217,10 +214,10 @@ def describe(plan: ChunkPlan) -> str:
         " beside whole walks of the heads too slow for them" if plan.segments and plan.segments.whole_walks else "") + (
         f", pipelined in groups of {plan.pipeline.chunks} chunks" if plan.pipeline else "")
     if plan.walk == SPECIALIZED:
-        beside = "" if plan.whole_walk is None else (
-            f", the whole walks on a stream of their own: prep[{config_str(fused_prep_kernel)}] of their chunks, "
+        then = "" if plan.whole_walk is None else (
+            f", then the whole walks: {sm90_prep.describe()} of their chunks, "
             f"{GLUON_WALKS[plan.whole_walk].describe()}")
-        return f"{kernels}, {sm90_specialized.describe()}{beside}"
+        return f"{kernels}, {sm90_specialized.describe()}{then}"
     prep = sm90_prep.describe() if plan.prep == "sm90" else f"prep[{config_str(fused_prep_kernel)}]"
     if plan.walk in GLUON_WALKS:
         return f"{kernels}, {prep}, {GLUON_WALKS[plan.walk].describe()}"

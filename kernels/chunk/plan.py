@@ -339,8 +339,8 @@ class ChunkPlan:
     output_span: int  # chunks per output-pass block, 1 or 2
     segments: SegmentLayout | None  # warm-up segments, or whole sequences
     pipeline: PipelineLayout | None  # groups overlapped on three streams, or one call
-    # beside walk=SPECIALIZED's warm-up segments, the walk that takes the whole walks on a stream of its own, after
-    # the Triton prep of their chunks alone (WHOLE_WALKS); None: the segments' kernel walks them
+    # after walk=SPECIALIZED's warm-up segments, the Gluon walk that takes the whole walks, after the Gluon prep of
+    # their chunks alone (WHOLE_WALKS); None: the segments' kernel walks them beside the segments
     whole_walk: str | None = None
 
     def workspace(self, layout: ChunkLayout, q: Tensor, v: Tensor, *, raw_gate: bool,
@@ -370,9 +370,9 @@ def make_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, raw
     if whole_walk is not None:
         whole = segments is not None and segments.whole_walks
         why = (f"whole_walk must be one of {list(WHOLE_WALKS)}" if whole_walk not in WHOLE_WALKS else
-               f"it walks beside walk={SPECIALIZED!r}'s segments, not walk={walk!r}'s" if walk != SPECIALIZED else
+               f"it walks after walk={SPECIALIZED!r}'s segments, not walk={walk!r}'s" if walk != SPECIALIZED else
                "there are no whole walks beside warm-up segments" if not whole else
-               GLUON_WALKS[whole_walk].unsupported(q, V, qk_l2norm))
+               GLUON_WALKS[whole_walk].unsupported(q, V, qk_l2norm) or sm90_prep.unsupported(k, raw_gate, qk_l2norm))
         if why:
             raise ValueError(f"whole_walk={whole_walk!r} cannot run this call: {why}")
     return _checked(ChunkPlan(fused=True, walk=walk, prep=prep, fuse_output=fuse, output_span=span, segments=segments,

@@ -136,13 +136,11 @@ fused_prep_kernel = TunedKernel(_prep_fn, PREP_CONFIGS, ["K", "chunk_tier"], _pr
 
 def run_prep(x: Launch, over: ChunkLayout, prep: str, first_chunk: int = 0, slow: SlowWalks | None = None) -> None:
     """The prep kernel (``plan_prep``'s) over the chunks of ``over``, the first of which is the batch's
-    ``first_chunk``; with ``slow`` (the Triton kernel only), over the chunks of the walks it marks slow alone."""
+    ``first_chunk``; with ``slow``, over the chunks of the walks it marks slow alone."""
     if not over.NT:
         return
     if prep == "sm90":
-        if slow is not None:
-            raise ValueError("the Gluon prep kernel preps every chunk: slow marks are the Triton kernel's")
-        sm90_prep.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, over.seq_bounds, over.chunk_indices, x.HV)
+        sm90_prep.chunk_prep(x.k, x.g, x.beta, x.ws.gc, x.ws.Ai, over.seq_bounds, over.chunk_indices, x.HV, slow)
     else:
         fused_prep_kernel[(over.NT * x.HV,)](
             x.k, x.g, x.beta, x.a, x.b, x.A_log, x.dt_bias, x.ws.gc, x.ws.A_diag[first_chunk:], x.ws.Ai,

@@ -14,6 +14,9 @@ most of it:
     turn with the next one's key tile on its way by TMA, and its thread-indexed addresses and masks computed
     once.
 
+Given slow marks (``warm_up.mark_slow_walks``) it preps only the chunks of the walks they mark, which a Gluon walk
+then walks whole (``plan.ChunkPlan.whole_walk``): the others' key tiles are neither loaded nor solved.
+
 Then with D = blockdiag(Y_01, Y_23), the diagonal 32 x 32 blocks' inverses (the 16 x 16 ones joined by two more
 mma_v2 products, after an exchange between warps), and L = A below them, (I + A)^-1 = D - (D L) D in two wgmma
 products whose operands are rounded to the input dtype, each over the half of K that is not 0
@@ -31,10 +34,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from ..warm_up import SlowWalks, slow_args
 from .gluon_hopper import GLUON_MISSING, descriptor, sm_count, unsupported_inputs
 
 if GLUON_MISSING is None:
-    from .walk import fetch
+    from .walk import fetch, walk_is_slow
     from .gluon_hopper import cta_barrier, exp, fence_async_shared, gl, gluon, mbarrier, mma_v2, tma, \
         tma_store, warpgroup_mma
 
@@ -149,9 +153,9 @@ if GLUON_MISSING is None:
     @gluon.jit
     def _gated_kkt(KK, gc_r, gc_c, beta_r, BT: gl.constexpr, mma: gl.constexpr):
         """-A = -diag(beta)(Gamma o K K^T) (``solve_inverse``'s input) from KK = K K^T below the diagonal, 0 on and
-        above it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c repeat
-        the last token's row, finite where it is. Unmasked (the gates above the diagonal, which ``solve_inverse`` never
-        reads, left to overflow) this kernel was 1.6-3.3% slower ."""
+        above it. The callers' beta is 0 past the sequence's end, which zeroes those rows: their gates gc_r - gc_c
+        repeat the last token's row, finite where it is. The gates above the diagonal, which ``solve_inverse`` never
+        reads, are masked: left to overflow, this kernel is 1.6-3.3% slower."""
         r = gl.arange(0, BT, layout=gl.SliceLayout(1, mma))
         c = gl.arange(0, BT, layout=gl.SliceLayout(0, mma))
         gates = exp(gl.where(r[:, None] > c[None, :], gc_r[:, None] - gc_c[None, :], float("-inf")))
@@ -200,8 +204,13 @@ if GLUON_MISSING is None:
         return tok, gl.load(seq_bounds + 2 * i_n + 1).to(gl.int32) - tok
 
     @gluon.jit
-    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, seq_bounds, chunk_indices, n_items,
-                           H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
+    def _item_is_slow(item, chunk_indices, slow_marks, seg_offsets, HV: gl.constexpr):
+        """1 where item's chunk belongs to a walk the slow marks mark, else 0."""
+        return walk_is_slow(slow_marks, seg_offsets, gl.load(chunk_indices + 2 * (item // HV)), item % HV, HV)
+
+    @gluon.jit
+    def _chunk_prep_kernel(k_desc, ai_desc, Ai, g, beta, gc, seq_bounds, chunk_indices, n_items, slow_marks,
+                           seg_offsets, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, BT: gl.constexpr):
         # persistent: the items dealt round the programs, each one's key tile landing while the one before is
         # solved (then a program's set-up and thread-indexed addresses serve all its items)
         pid = gl.program_id(0)
@@ -223,33 +232,49 @@ if GLUON_MISSING is None:
 
         n_mine = gl.cdiv(n_items - pid, P)
         tok, n_valid = _chunk_rows(pid, chunk_indices, seq_bounds, HV, BT)
-        fetch(k_desc, tok, (pid % HV // (HV // H)) * K, bars.index(0), k_s.index(0), True)
+        prepped = gl.to_tensor(1)  # every chunk's, or with slow marks those of the walks they mark alone
+        if slow_marks is not None:
+            prepped = _item_is_slow(pid, chunk_indices, slow_marks, seg_offsets, HV)
+        fetch(k_desc, tok, (pid % HV // (HV // H)) * K, bars.index(0), k_s.index(0), prepped != 0)
+        # the tiles each key buffer has received: its barrier's phase (an item not prepped loads none)
+        landed0 = 0
+        landed1 = 0
         for j in range(n_mine):
             item = pid + j * P
             i_h = item % HV
+            buf = j % 2
             nxt = gl.minimum(item + P, n_items - 1)
             tok_nxt, n_valid_nxt = _chunk_rows(nxt, chunk_indices, seq_bounds, HV, BT)
-            # gc = cumsum(g) as a masked row sum, 0 past the sequence's end
-            g_t = gl.load(g + (tok + t) * HV + i_h, mask=t < n_valid, other=0.0).to(gl.float32)
-            beta_t = gl.load(beta + (tok + t) * HV + i_h, mask=t < n_valid, other=0.0).to(gl.float32)
-            mbarrier.wait(bars.index(j % 2), (j // 2) & 1)
-            KK = _kkt(k_s.index(j % 2), BT, mma)
-            tma.store_wait(pendings=0)  # the last Ai has left l_s
-            cta_barrier()  # and every warp's K K^T before this one has read the other key tile
-            fetch(k_desc, tok_nxt, (nxt % HV // (HV // H)) * K, bars.index((j + 1) % 2), k_s.index((j + 1) % 2),
-                  j + 1 < n_mine)
-            gc_r, gc_c = _chunk_cumsum(gl.convert_layout(g_t, gl.SliceLayout(0, mma)), BT, mma)
-            gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
-            A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma)
-            Ai_t = solve_inverse(A, d_s, l_s, x_s, BT, mma) * gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
-            if n_valid >= BT:
-                l_s.store(Ai_t.to(dt))
-                fence_async_shared()
-                tma_store(ai_desc, [tok, i_h * BT], l_s)
-            else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
-                gl.store(Ai + (tok + r).to(gl.int64)[:, None] * (HV * BT) + i_h * BT + c[None, :], Ai_t.to(dt),
-                         mask=(r < n_valid)[:, None])
-            tok, n_valid = tok_nxt, n_valid_nxt
+            prepped_nxt = gl.to_tensor(1)
+            if slow_marks is not None:
+                prepped_nxt = _item_is_slow(nxt, chunk_indices, slow_marks, seg_offsets, HV)
+            fetch_nxt = (j + 1 < n_mine) & (prepped_nxt != 0)
+            if prepped != 0:
+                # gc = cumsum(g) as a masked row sum, 0 past the sequence's end
+                g_t = gl.load(g + (tok + t) * HV + i_h, mask=t < n_valid, other=0.0).to(gl.float32)
+                beta_t = gl.load(beta + (tok + t) * HV + i_h, mask=t < n_valid, other=0.0).to(gl.float32)
+                mbarrier.wait(bars.index(buf), (landed0 * (1 - buf) + landed1 * buf) & 1)
+                landed0 += 1 - buf
+                landed1 += buf
+                KK = _kkt(k_s.index(buf), BT, mma)
+                tma.store_wait(pendings=0)  # the last Ai has left l_s
+                cta_barrier()  # and every warp's K K^T before this one has read the other key tile
+                fetch(k_desc, tok_nxt, (nxt % HV // (HV // H)) * K, bars.index(1 - buf), k_s.index(1 - buf), fetch_nxt)
+                gc_r, gc_c = _chunk_cumsum(gl.convert_layout(g_t, gl.SliceLayout(0, mma)), BT, mma)
+                gl.store(gc + (tok + r) * HV + i_h, gc_r, mask=r < n_valid)
+                A = _gated_kkt(KK, gc_r, gc_c, gl.convert_layout(beta_t, gl.SliceLayout(1, mma)), BT, mma)
+                Ai_t = solve_inverse(A, d_s, l_s, x_s, BT, mma) * \
+                    gl.convert_layout(beta_t, gl.SliceLayout(0, mma))[None, :]
+                if n_valid >= BT:
+                    l_s.store(Ai_t.to(dt))
+                    fence_async_shared()
+                    tma_store(ai_desc, [tok, i_h * BT], l_s)
+                else:  # a short last chunk: TMA would write its rows past the end, into the next sequence's
+                    gl.store(Ai + (tok + r).to(gl.int64)[:, None] * (HV * BT) + i_h * BT + c[None, :], Ai_t.to(dt),
+                             mask=(r < n_valid)[:, None])
+            else:  # nothing read the other key tile since the last barrier, which every warp has passed
+                fetch(k_desc, tok_nxt, (nxt % HV // (HV // H)) * K, bars.index(1 - buf), k_s.index(1 - buf), fetch_nxt)
+            tok, n_valid, prepped = tok_nxt, n_valid_nxt, prepped_nxt
         tma.store_wait(pendings=0)
 
 
@@ -268,17 +293,18 @@ def unsupported(k: Tensor, raw_gate: bool, qk_l2norm: bool) -> str | None:
 
 
 def chunk_prep(k: Tensor, g: Tensor, beta: Tensor, gc: Tensor, Ai: Tensor, seq_bounds: Tensor, chunk_indices: Tensor,
-               HV: int) -> None:
+               HV: int, slow: SlowWalks | None = None) -> None:
     """gc [tokens, HV] (fp32) and Ai [tokens, HV, 64] of the chunks in chunk_indices ([NT, 2]: sequence, chunk
     within it) of the sequences in seq_bounds ([N, 2] token ranges), as ``chunk.prep``'s fused prep kernel computes
-    them. k [B, T, H, K], g, beta [B, T, HV], all contiguous (see ``unsupported``)."""
+    them; with ``slow``, of the walks it marks alone. k [B, T, H, K], g, beta [B, T, HV], all contiguous (see
+    ``unsupported``)."""
     H, K = k.shape[2], k.shape[3]
     tokens = k.shape[0] * k.shape[1]
     items = chunk_indices.shape[0] * HV  # at least one: prep.run_prep skips layouts without chunks
     descs = descriptor(k.view(tokens, H * K), [BT, K]), descriptor(Ai.view(tokens, HV * BT), [BT, BT])
     programs = min(items, sm_count(k.device) * PROGRAMS_PER_SM[K])
-    _chunk_prep_kernel[(programs,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, items, H=H, HV=HV, K=K, BT=BT,
-                                    num_warps=WARPS)
+    _chunk_prep_kernel[(programs,)](*descs, Ai, g, beta, gc, seq_bounds, chunk_indices, items, *slow_args(slow), H=H,
+                                    HV=HV, K=K, BT=BT, num_warps=WARPS)
 
 
 def describe() -> str:

@@ -20,7 +20,7 @@ spills. Q K^T issued after Ai X, rather than with K S, runs while v_new is store
 registers (docs/decisions/0016-gluon-walks.md has both measurements). So it pays where BV 32's programs make one
 wave of two per SM and ``walk_transposed``'s twice as wide ones would leave over half the SMs idle,
 or run long walks one per SM (``plan.walk_default``, with the measurements). Given slow marks
-(``warm_up.mark_slow_walks``) it walks only the walks they mark, whole, beside the warp-specialized kernel's warm-up
+(``warm_up.mark_slow_walks``) it walks only the walks they mark, whole, after the warp-specialized kernel's warm-up
 segments of the others (``plan.ChunkPlan.whole_walk``).
 
 Envelope (``unsupported``): sm_90, bf16 or fp16 inputs, K = V = 128, q and k normalised beforehand (the
@@ -217,14 +217,15 @@ if GLUON_MISSING is None:
             for i in gl.static_range(2):
                 fetch(k_desc, bos + i * BT, col_k, bars.index(3 * NB + i), k_s.index(i), NT > i)
             gates = _gates(gc, bos, eos, i_h, HV, BT, mma_v, mma_t)
-            Pa, QSd, gc_last, gates = _chunk_front(0, NT, bos, eos, S, None, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
-                                            bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v, scale,
-                                            HV, BT, BV, mma_v, mma_t, False, LONG_WALK, NB)
+            Pa, QSd, gc_last, gates = _chunk_front(0, NT, bos, eos, S, None, gates, q_s, k_s, v_s, ai_s, s_s, x_s,
+                                                   vn_s, o_s, bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k,
+                                                   col_v, scale, HV, BT, BV, mma_v, mma_t, False, LONG_WALK, NB)
             for t in range(1, NT):
                 S, O = _chunk_back(t - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT, NB)
-                Pa, QSd, gc_last, gates = _chunk_front(t, NT, bos, eos, S, O, gates, q_s, k_s, v_s, ai_s, s_s, x_s, vn_s, o_s,
-                                                bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h, col_k, col_v,
-                                                scale, HV, BT, BV, mma_v, mma_t, True, LONG_WALK, NB)
+                Pa, QSd, gc_last, gates = _chunk_front(t, NT, bos, eos, S, O, gates, q_s, k_s, v_s, ai_s, s_s, x_s,
+                                                       vn_s, o_s, bars, q_desc, v_desc, ai_desc, o_desc, gc, i_h,
+                                                       col_k, col_v, scale, HV, BT, BV, mma_v, mma_t, True, LONG_WALK,
+                                                       NB)
             S, O = _chunk_back(NT - 1, NT, bos, S, Pa, QSd, gc_last, k_s, x_s, vn_s, bars, k_desc, col_k, BT, NB)
             O = warpgroup_mma_wait(num_outstanding=0, deps=(O, )) * scale
             tok = bos + (NT - 1) * BT

@@ -221,7 +221,8 @@ if GLUON_MISSING is None:
 
     @gluon.jit
     def _fused_walk_kernel(q_desc, k_desc, v_desc, ai_desc, o_desc, o, gc, h0, ht, seq_bounds, scale, seg_parent,
-                           parent_bounds, slow_marks, seg_offsets, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                           parent_bounds, slow_marks, seg_offsets, H: gl.constexpr, HV: gl.constexpr,
+                           K: gl.constexpr, V: gl.constexpr,
                            BV: gl.constexpr, BT: gl.constexpr, USE_H0: gl.constexpr, STORE_HT: gl.constexpr,
                            LONG_WALK: gl.constexpr, WARM_UP: gl.constexpr):
         NB: gl.constexpr = 2 if LONG_WALK else 1  # v and Ai buffers (q and k: 2)
