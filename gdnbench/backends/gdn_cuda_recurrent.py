@@ -23,7 +23,7 @@ The kernel forms the delta from the state before this token's decay, S' = exp(g)
 where the gated delta rule decays first, S' = exp(g) S - beta (exp(g) S k - v) k^T; the two agree only where
 g = 0. On an H200 one decode step matches the first rule (output relative error 0.0015) and misses the second
 (0.22; results/records/h200/gdn-cuda-parity/repro_accuracy.py), so its rows FAIL the correctness gate wherever
-the decay is not 0 (results/records/h200/gdn-cuda-decode).
+the decay is not 0 (results/baselines/h200/decode-gdn-cuda).
 """
 
 from __future__ import annotations
