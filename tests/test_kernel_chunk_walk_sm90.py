@@ -224,7 +224,8 @@ def test_walk_choice_and_its_errors():
     (24, 128, 8, "sm90_specialized", None),  # 192 walks of 2 chunks: short enough for rounds 0.73 filled
     (64, 64, 8, "sm90_specialized", None),  # 512 walks of one chunk
     (16, 64, 8, "sm90_specialized", None),  # 128 walks of one chunk
-    (8, 64, 8, "triton", None),  # 64 walks of one chunk: fewer than measured
+    (8, 64, 8, "sm90_specialized", None),  # 64 walks of one chunk: one launch, however few
+    (1, 64, 2, "sm90_specialized", None),  # 2
     (16, 128, 8, "sm90_specialized", None),  # 128 walks of 2 chunks
     (64, 256, 8, "sm90_specialized", None),  # 512 walks of 4 chunks, where the transposed walk ran
     (24, 256, 8, "sm90_transposed", None),  # 192 walks of 4 chunks: 384 programs at BV 64

@@ -62,7 +62,8 @@ SM90_LONG_WALK_MIN_CHUNKS = 64
 
 
 # The warp-specialized kernel overlaps one walk's prep with another's walk, so it wins where its walks,
-# dealt longest first to one program a SM, keep the SMs busy (docs/decisions/0017-specialized-kernel.md).
+# dealt longest first to one program a SM, keep the SMs busy, and on walks of one chunk, one launch where the
+# others take two (docs/decisions/0017-specialized-kernel.md).
 SPECIALIZED_MIN_WALKS = 128
 SPECIALIZED_MIN_ROUND_FILL = 0.9  # measured: 0.97 and 0.73; between them, not
 SPECIALIZED_MIN_FILL = 0.75  # measured: 1 (padded) and 0.31; between them, not
@@ -267,8 +268,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     and the longest walk has SM90_TRANSPOSED_WALK_MIN_CHUNKS chunks, or "sm90" (sm90_walk) where its
     programs make one wave of two per SM that fills half the SMs or more and the longest walk has
     SM90_WALK_MIN_CHUNKS chunks; SPECIALIZED (the prep in the same kernel), before those two, on
-    SPECIALIZED_MIN_WALKS or more walks that, dealt to one program a SM, fill them (SPECIALIZED_MIN_*), with the
-    gates given (raw_gate False); else "triton"."""
+    SPECIALIZED_MIN_WALKS or more walks that, dealt to one program a SM, fill them (SPECIALIZED_MIN_*), or on walks
+    of one chunk however few, with the gates given (raw_gate False); else "triton"."""
     if sm90_walk.unsupported(q, V, qk_l2norm) is not None:
         return "triton"
     if segments is not None:
@@ -277,8 +278,8 @@ def walk_default(layout: ChunkLayout, q: Tensor, V: int, HV: int, qk_l2norm: boo
     walks, sms, chunks = layout.N * HV, sm_count(q.device), cdiv(layout.max_len, CHUNK)
     programs = walks * cdiv(V, sm90_walk_transposed.BV)
     short = chunks < WARM_UP_MIN_SEGMENTS * WARM_UP_SEGMENT_CHUNKS[0]  # too short to cut into warm-up segments
-    if walks >= SPECIALIZED_MIN_WALKS and chunks > 0 and sm90_specialized.unsupported(q, V, raw_gate,
-                                                                                         qk_l2norm) is None:
+    if (walks >= SPECIALIZED_MIN_WALKS or chunks == 1) and chunks > 0 and sm90_specialized.unsupported(
+            q, V, raw_gate, qk_l2norm) is None:
         fill = specialized_order(layout, HV, q.device).fill(sms)
         if layout.NT >= SPECIALIZED_MIN_FILL * layout.N * chunks:  # about equal walks
             if chunks <= 2 or fill >= SPECIALIZED_MIN_ROUND_FILL:
