@@ -142,7 +142,8 @@ def problem_rows(df: pd.DataFrame) -> list[tuple[str, str, list[str], str]]:
     out = []
     skips = bad[bad["status"] == Status.SKIP]
     for (backend, reason), group in skips.groupby(["backend", "error"], sort=False, dropna=False):
-        out.append((Status.SKIP, str(backend), [str(c) for c in group["case_id"]], "" if pd.isna(reason) else str(reason)))
+        why = "" if pd.isna(reason) else str(reason)
+        out.append((Status.SKIP, str(backend), [str(c) for c in group["case_id"]], why))
     for _, r in bad[bad["status"] != Status.SKIP].iterrows():
         reason = "" if pd.isna(r.get("error")) else str(r.get("error"))
         if isinstance(r.get("note"), str) and r["note"].startswith("at "):

@@ -223,7 +223,8 @@ class TimingSettings(_Strict):
     min_time_s: float = Field(0.2, ge=0)
     max_time_s: float = Field(5.0, gt=0)
     rel_ci: float = Field(0.01, gt=0, description="stop when the median's 95% CI half-width is this small")
-    timeout_s: float = Field(600.0, gt=0, description="per (case, backend), and for a case's inputs and reference: past this, a TIMEOUT row")
+    timeout_s: float = Field(600.0, gt=0, description="per (case, backend), and for a case's inputs and reference: "
+                                                      "past this, a TIMEOUT row")
 
 
 class ReferenceSettings(_Strict):
@@ -300,8 +301,8 @@ def parse_suite(raw: Any, *, path: str = "<suite>", sha256: str = "") -> Suite:
         raise SuiteError(f"{path}: a suite is a YAML mapping, got {type(raw).__name__}")
     unknown = set(raw) - _SUITE_KEYS
     if unknown:
-        raise SuiteError(f"{path}: unknown suite key(s) {sorted(unknown)}{did_you_mean(sorted(unknown)[0], _SUITE_KEYS)}; "
-                         f"allowed: {sorted(_SUITE_KEYS)}")
+        hint = did_you_mean(sorted(unknown)[0], _SUITE_KEYS)
+        raise SuiteError(f"{path}: unknown suite key(s) {sorted(unknown)}{hint}; allowed: {sorted(_SUITE_KEYS)}")
     defaults = raw.get("defaults") or {}
     if not isinstance(defaults, dict):
         raise SuiteError(f"{path}: 'defaults' must be a mapping of case fields")

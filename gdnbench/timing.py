@@ -257,11 +257,11 @@ def round_order(n: int, round_index: int) -> range:
 
 def event_rounds(runs: Sequence[Callable[[], object]], resets: Sequence[Callable[[], None] | None],
                  flush: torch.Tensor | None) -> Callable[[int], list[list[float]]]:
-    """``run_rounds(k)``: k rounds (k <= ROUNDS_PER_SYNC) of one sample of each of ``runs`` in turn, in
-    ``round_order`` (A B, B A, A B, ...), returned per run in microseconds. Each sample is one call between two
-    CUDA events on the current stream; before it, outside the events, its ``resets`` entry (if any) runs and ``flush`` (if given)
-    is zeroed. No synchronisation per sample: the host queues the k rounds ahead of the GPU and waits once,
-    so with eager calls launch overhead shows where the GPU waits on the host, as a caller sees it."""
+    """``run_rounds(k)``: k rounds (k <= ROUNDS_PER_SYNC) of one sample of each of ``runs`` in turn, in ``round_order``
+    (A B, B A, A B, ...), returned per run in microseconds. Each sample is one call between two CUDA events on the
+    current stream; before it, outside the events, its ``resets`` entry (if any) runs and ``flush`` (if given) is
+    zeroed. No synchronisation per sample: the host queues the k rounds ahead of the GPU and waits once, so with
+    eager calls launch overhead shows where the GPU waits on the host, as a caller sees it."""
     # events are reused across calls: each call ends with a synchronisation
     starts = [[torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_SYNC)] for _ in runs]
     ends = [[torch.cuda.Event(enable_timing=True) for _ in range(ROUNDS_PER_SYNC)] for _ in runs]

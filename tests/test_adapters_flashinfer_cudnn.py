@@ -356,7 +356,8 @@ RAW = dict(op="decode", B=4, gating="raw", **D128)
 DECODE_ENVELOPE = [
     (flashinfer_decode, (9, 0), Case(**RAW), None),
     (flashinfer_decode, (10, 0), Case(state_dtype="bf16", **RAW), None),
-    (flashinfer_decode, (9, 0), Case(op="decode", B=4, **D128), "flashinfer.decode: gating: pre not supported (serves raw)"),
+    (flashinfer_decode, (9, 0), Case(op="decode", B=4, **D128),
+     "flashinfer.decode: gating: pre not supported (serves raw)"),
     (flashinfer_decode, (9, 0), Case(T=2, **RAW), "flashinfer.decode: T=1 only, case has T=2 (T>1 is "
                                                  "flashinfer.mtp)"),
     (flashinfer_decode, (8, 9), Case(**RAW), "flashinfer.decode: needs SM90 or newer, this GPU is SM89"),

@@ -144,10 +144,10 @@ def test_missing_and_new_rows(tmp_path):
 
 def test_status_changes(tmp_path):
     s = draw(100, 0.01)
-    base = {("a", "k"): (Status.PASS, s), ("b", "k"): (Status.PASS, s), ("c", "k"): (Status.FAIL, s), ("d", "k"): (Status.PASS, s),
-            ("e", "k"): (Status.SKIP, None), ("f", "k"): (Status.FAIL, s)}
-    new = {("a", "k"): (Status.FAIL, s), ("b", "k"): (Status.ERROR, None), ("c", "k"): (Status.PASS, s), ("d", "k"): (Status.SKIP, None),
-           ("e", "k"): (Status.SKIP, None), ("f", "k"): (Status.FAIL, draw(120, 0.01))}
+    base = {("a", "k"): (Status.PASS, s), ("b", "k"): (Status.PASS, s), ("c", "k"): (Status.FAIL, s),
+            ("d", "k"): (Status.PASS, s), ("e", "k"): (Status.SKIP, None), ("f", "k"): (Status.FAIL, s)}
+    new = {("a", "k"): (Status.FAIL, s), ("b", "k"): (Status.ERROR, None), ("c", "k"): (Status.PASS, s),
+           ("d", "k"): (Status.SKIP, None), ("e", "k"): (Status.SKIP, None), ("f", "k"): (Status.FAIL, draw(120, 0.01))}
     res, rows, doc = compare_rows(tmp_path, base, new)
     # an untimed ERROR row still matches its timed PASS row: it takes the run's timer and L2 mode
     assert verdicts(rows) == {("a", "k"): "BROKEN", ("b", "k"): "BROKEN", ("c", "k"): "FIXED",

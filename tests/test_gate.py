@@ -139,7 +139,8 @@ def test_a_writer_into_the_problems_pool_fails_and_the_next_backend_passes(tmp_p
     case = {"op": "decode", "B": 2, "H": 1, "HV": 2, "D": 8, "dtype": "fp32", "pool_size": 6, "slots": "scattered"}
     df = run_rows(tmp_path, ["tests.fake_backends:pool_writer", "torch.recurrent", "torch.chunk"], [case])
     status = df.set_index("backend")
-    assert status.status.to_dict() == {"fake.pool_writer": Status.FAIL, "torch.recurrent": Status.PASS, "torch.chunk": Status.PASS}
+    assert status.status.to_dict() == {"fake.pool_writer": Status.FAIL, "torch.recurrent": Status.PASS,
+                                       "torch.chunk": Status.PASS}
     assert "wrote into inputs it does not own: state_pool (2 slot(s) in slot_idx, 1 outside)" in \
         status.error["fake.pool_writer"]
 

@@ -310,7 +310,8 @@ def case(**fields) -> Case:
 def test_cpu_needs_the_interpreter(monkeypatch):
     b = registry()["triton.recurrent"]
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert b.unsupported(case(), CPU) == "triton.recurrent on cpu needs TRITON_INTERPRET=1 (set before triton is imported)"
+    needs = "triton.recurrent on cpu needs TRITON_INTERPRET=1 (set before triton is imported)"
+    assert b.unsupported(case(), CPU) == needs
     assert b.unsupported(case(), CUDA) is None
 
 

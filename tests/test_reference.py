@@ -37,8 +37,8 @@ def make_inputs(
     dtype: torch.dtype = f32,
     seed: int = 0,
 ) -> dict:
-    """The input recipe (docs/design.md, "Inputs"): q, k, v ~ U(0,1) (q, k L2-normalised), beta = sigmoid(U), g = logsigmoid(U)/gate_norm
-    with entries zeroed w.p. mask_p, initial state zeros or N(0, 1)."""
+    """The input recipe (docs/design.md, "Inputs"): q, k, v ~ U(0,1) (q, k L2-normalised), beta = sigmoid(U),
+    g = logsigmoid(U)/gate_norm with entries zeroed w.p. mask_p, initial state zeros or N(0, 1)."""
     gen = torch.Generator().manual_seed(seed)
     q = torch.rand(B, T, H, K, generator=gen, dtype=f64)
     k = torch.rand(B, T, H, K, generator=gen, dtype=f64)

@@ -16,7 +16,8 @@ def test_a_row_is_written_with_plain_status_names_and_its_case_after_the_row_col
     with open(tmp_path / "results.csv", newline="") as f:
         header, *cells = list(csv.reader(f))
     assert header == COLUMNS == ROW_COLUMNS + CASE_COLUMNS
-    assert [r[header.index("status")] for r in cells] == ["PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "CRASH", "SKIP"]
+    statuses = ["PASS", "FAIL", "NAN", "ERROR", "OOM", "TIMEOUT", "CRASH", "SKIP"]
+    assert [r[header.index("status")] for r in cells] == statuses
     assert cells[0][header.index("T")] == "8" and cells[0][header.index("case_id")] == case.id
     df, _ = load_run(tmp_path)
     assert df["status"].tolist() == [s.value for s in Status]

@@ -21,7 +21,8 @@ def sweep_timing(device: torch.device) -> TimingConfig:
 
 def tool_parser(doc: str) -> argparse.ArgumentParser:
     """A sweep's command-line parser, described by its module docstring's first paragraph."""
-    return argparse.ArgumentParser(description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    return argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def add_case_arguments(parser: argparse.ArgumentParser) -> None:

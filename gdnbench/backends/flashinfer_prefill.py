@@ -7,8 +7,8 @@ Conventions that differ from the canonical ones (converted in ``prepare``, outsi
 Routing is pinned where the installed release allows it: ``backend="flashinfer"`` (``"auto"`` may pick
 the opt-in Cake kernels or cuDNN) and ``use_cp="auto"``, FlashInfer's own default: it switches to the
 context-parallel kernels when sequences x heads leave SMs idle (1501 us with it, 2843 us
-without, at Qwen3-Next T=65536 on an H200 with FlashInfer 0.7.2.post1). That choice depends only on the shape and the GPU, so it is reproducible on a
-given GPU; the row's path records which way it went.
+without, at Qwen3-Next T=65536 on an H200 with FlashInfer 0.7.2.post1). That choice depends only on the shape
+and the GPU, so it is reproducible on a given GPU; the row's path records which way it went.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """max.recurrence: Modular MAX's Mojo ``gated_delta_recurrence_fwd`` run in a compiled MAX graph.
 
-The op (``max.nn.state_space.gated_delta_recurrence_fwd``, Pass 2 of MAX's Qwen3.5 GDN prefill and
-its decode step) is a token-sequential recurrence over a ragged batch, reading and writing a K-first
-state pool ``[slots, HV, K, V]`` at ``slot_idx`` in place. Its conventions (read in max/nn/state_space/gated_delta.py of the max 26.7.0 wheel, and in the Mojo kernel
-and its op registration in modular/modular on GitHub, whose revision may differ from 26.7.0):
+The op (``max.nn.state_space.gated_delta_recurrence_fwd``, Pass 2 of MAX's Qwen3.5 GDN prefill and its decode step)
+is a token-sequential recurrence over a ragged batch, reading and writing a K-first state pool ``[slots, HV, K, V]``
+at ``slot_idx`` in place. Its conventions (read in max/nn/state_space/gated_delta.py of the max 26.7.0 wheel, and in
+the Mojo kernel and its op registration in modular/modular on GitHub, whose revision may differ from 26.7.0):
 
 * input is the conv output ``[T_total, 2*H*K + HV*V]`` fp32 with q, k, v packed by channel
   (q heads, then k heads, then v heads, each head's dims contiguous);

@@ -31,7 +31,8 @@ def profile(
     below the graph timer's median. Outputs are not checked here: `gdnbench run` does that.
 
     With --external, Nsight Compute sees each kernel of one call and none of the warm-up (autotuning):
-    ncu --profile-from-start off --section SpeedOfLight --section Occupancy gdnbench profile SUITE -k CASE -b BACKEND --external
+    ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
+        gdnbench profile SUITE -k CASE -b BACKEND --external
     """
     if not torch.cuda.is_available():
         die("gdnbench profile needs a CUDA device (it reads GPU kernel times)")

@@ -1,11 +1,12 @@
 """Picking a kernel's launch config by timing its candidates side by side (every bundled kernel's tuner).
 
-Triton's autotuner times the candidates one after another, with a separately launched kernel per
-sample, and its picks change from one process to the next with the clock and thermal drift of the
-moment (docs/decisions/0014-recurrent-tuning.md, 0019-chunk-kernel-configs.md). Here each candidate's launch is captured once in a CUDA graph (no host launch cost inside a sample), and
-samples are taken in rounds, one per candidate in turn, with L2 flushed before each (as gdnbench's
-default timer does): clock and thermal drift then touch every candidate alike. The pick is the lowest
-median. ``TunedKernel`` puts a Triton kernel behind ``fastest`` as ``triton.autotune`` would.
+Triton's autotuner times the candidates one after another, with a separately launched kernel per sample, and its
+picks change from one process to the next with the clock and thermal drift of the moment
+(docs/decisions/0014-recurrent-tuning.md, 0019-chunk-kernel-configs.md). Here each candidate's launch is captured
+once in a CUDA graph (no host launch cost inside a sample), and samples are taken in rounds, one per candidate in
+turn, with L2 flushed before each (as gdnbench's default timer does): clock and thermal drift then touch every
+candidate alike. The pick is the lowest median. ``TunedKernel`` puts a Triton kernel behind ``fastest`` as
+``triton.autotune`` would.
 """
 
 from __future__ import annotations
