@@ -496,6 +496,12 @@ def test_whole_walks_beside_warm_up_segments_only_where_too_many_to_run_at_once(
     q = torch.empty(1, T, 4, 128)
     plan = chunk.plan.default_plan(layout, q, q, 128, HV, raw_gate=False, qk_l2norm=False)
     assert plan.walk == "triton" and plan.segments is not None and plan.segments.whole_walks == whole_walks
+    for forced in (True, False):  # a sweep forces them on or off
+        plan = chunk.plan.default_plan(layout, q, q, 128, HV, raw_gate=False, qk_l2norm=False, whole_walks=forced)
+        assert plan.segments is not None and plan.segments.whole_walks == forced
+    with pytest.raises(ValueError, match="whole_walks goes with warm-up segments"):
+        chunk.plan.default_plan(layout, q, q, 128, HV, raw_gate=False, qk_l2norm=False, segment_chunks=0,
+                                whole_walks=True)
 
 
 @pytest.mark.parametrize("T,segment_chunks,specialized,whole_walks", [

@@ -13,7 +13,8 @@
                (``walk="sm90"``, one call and pipelined in groups of ``-g`` chunks; ``"sm90_transposed"``;
                the default plan with its whole walks on ``"sm90"``, ``whole_walk``, where it has them);
   plans        time triton.chunk_fused against every path a plan can force (``PLANS``: the multi-kernel pipeline,
-               each walk, the warp-specialized kernel, the whole walks on ``"sm90"``, the recurrence), whole
+               each walk, the warp-specialized kernel, the whole walks on ``"sm90"``, the default's warm-up
+               segments without and with whole walks beside them, the recurrence), whole
                calls, "-" where one cannot run the case, and name the fastest: where the default is not, a
                dispatch rule is missing;
   pipeline     time triton.chunk_fused against its pipelined call (``pipeline_chunks``: prep, walk and
@@ -171,6 +172,7 @@ PLANS: list[tuple[str, dict[str, Any]]] = [
     ("triton+out", {"walk": "triton", "fuse_output": True}), ("sm90", {"walk": "sm90", "pipeline_chunks": 0}),
     ("sm90_transposed", {"walk": "sm90_transposed", "pipeline_chunks": 0}),
     ("specialized", {"walk": "sm90_specialized"}), ("whole-on-sm90", {"whole_walk": "sm90"}),
+    ("no-whole-walks", {"whole_walks": False}), ("whole-walks", {"whole_walks": True}),
     ("recurrent", {"walk": "recurrent"}),
 ]
 PLANS_RECURRENT_MAX_TOKENS = 1024

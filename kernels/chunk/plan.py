@@ -392,16 +392,18 @@ def _checked(plan: ChunkPlan, layout: ChunkLayout) -> ChunkPlan:
 def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, raw_gate: bool, qk_l2norm: bool,
                  fused: bool = True, walk: str | None = None, prep: str | None = None,
                  fuse_output: bool | None = None, output_span: int | None = None, segment_chunks: int | None = None,
-                 pipeline_chunks: int | None = None, whole_walk: str | None = None) -> ChunkPlan:
+                 pipeline_chunks: int | None = None, whole_walk: str | None = None,
+                 whole_walks: bool | None = None) -> ChunkPlan:
     """A call's plan by the default rules, any field forced (sweeps force one at a time). segment_chunks: warm-up
     segments of that many chunks (``plan_segments`` where None, unless fuse_output, walk or pipeline_chunks is
-    forced; 0: whole sequences), beside whole walks where ``whole_walks_pay``; pipeline_chunks: groups of that
-    many chunks (``pipeline_default`` where None; 0: one call); whole_walk: ``ChunkPlan.whole_walk`` (None by
-    default). Nothing forced, where ``recurrent_pays``: walk=RECURRENT. fused False: the multi-kernel pipeline,
-    which has nothing to decide."""
+    forced; 0: whole sequences); whole_walks: whole walks beside them or not (``whole_walks_pay`` where None; a
+    plan without segments raises ValueError for it); pipeline_chunks: groups of that many chunks
+    (``pipeline_default`` where None; 0: one call); whole_walk: ``ChunkPlan.whole_walk`` (None by default).
+    Nothing forced, where ``recurrent_pays``: walk=RECURRENT. fused False: the multi-kernel pipeline, which has
+    nothing to decide."""
     if not fused:
         return STAGES_PLAN
-    forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks, whole_walk)
+    forced = (walk, prep, fuse_output, output_span, segment_chunks, pipeline_chunks, whole_walk, whole_walks)
     if all(field is None for field in forced) and recurrent_pays(layout, HV):
         return make_plan(layout, q, k, V, HV, raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=RECURRENT)
     if segment_chunks is None and fuse_output is None and walk is None and pipeline_chunks is None:
@@ -410,7 +412,11 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
     fields = dict(raw_gate=raw_gate, qk_l2norm=qk_l2norm, walk=walk, prep=prep, fuse_output=fuse_output,
                   output_span=output_span)
     plan = make_plan(layout, q, k, V, HV, **fields, segments=segments)
-    if segments is not None and whole_walks_pay(layout, segment_chunks, HV, V, plan.walk == SPECIALIZED, q.device):
+    if segments is None and whole_walks is not None:
+        raise ValueError("whole_walks goes with warm-up segments, and this plan has none")
+    if whole_walks is None and segments is not None:
+        whole_walks = whole_walks_pay(layout, segment_chunks, HV, V, plan.walk == SPECIALIZED, q.device)
+    if whole_walks:
         segments = dataclasses.replace(segments, whole_walks=True, _walks={})
     if whole_walk is not None or segments is not plan.segments:
         plan = make_plan(layout, q, k, V, HV, **fields, segments=segments, whole_walk=whole_walk)
