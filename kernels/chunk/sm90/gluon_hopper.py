@@ -76,5 +76,10 @@ def unsupported_inputs(q: Tensor) -> str | None:
 
 def descriptor(x: Tensor, block: list[int]) -> TensorDescriptor:
     """A TMA descriptor of block tiles over x [tokens, heads * dim] (contiguous, bf16 or fp16)."""
-    dt = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    return TensorDescriptor(x, list(x.shape), [x.shape[1], 1], block, gl.NVMMASharedLayout.get_default_for(block, dt))
+    return TensorDescriptor(x, list(x.shape), [x.shape[1], 1], block, _tile_layout(tuple(block), x.dtype))
+
+
+@functools.cache  # two thirds of a descriptor's host time, made every call otherwise
+def _tile_layout(block: tuple[int, ...], dtype: torch.dtype) -> gl.NVMMASharedLayout:
+    """The shared-memory layout of block tiles of dtype (bf16 or fp16) that TMA and wgmma take."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
