@@ -1,9 +1,8 @@
-"""Host time per call of triton.chunk_fused (and FLA), and where it goes (cProfile), on qwen3-next prefill shapes."""
-import cProfile, pstats, time, io, sys, torch
+"""Host time per call of triton.chunk_fused at qwen3-next B=1 T=4096 and where it goes (cProfile); run from the root."""
+import cProfile, pstats, time, io, torch
 from gdnbench.suite import load_suite
 from gdnbench.runner import select_cases
 from gdnbench.problem import make_problem
-from gdnbench.backends import get_backend
 from gdnbench.backends.triton_chunk import prepare_chunk
 dev = torch.device("cuda")
 s = load_suite("suites/qwen3-next.yaml")
@@ -17,9 +16,12 @@ for case in select_cases(s, "prefill/padded/B=1,T=4096"):
         t0 = time.perf_counter()
         for _ in range(n): v.call()
         t1 = time.perf_counter(); torch.cuda.synchronize(); t2 = time.perf_counter()
-        print(f"  {n} calls: host {1e6 * (t1 - t0) / n:.1f} us/call, with the GPU {1e6 * (t2 - t0) / n:.1f} us/call", flush=True)
+        print(f"  {n} calls: host {1e6 * (t1 - t0) / n:.1f} us/call, "
+              f"with the GPU {1e6 * (t2 - t0) / n:.1f} us/call", flush=True)
     pr = cProfile.Profile(); pr.enable()
     for _ in range(20): v.call()
     pr.disable(); torch.cuda.synchronize()
-    out = io.StringIO(); pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(30); print(out.getvalue()[:6000])
-    out = io.StringIO(); pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(15); print(out.getvalue()[:3500])
+    for order, rows, chars in (("cumulative", 30, 6000), ("tottime", 15, 3500)):
+        out = io.StringIO()
+        pstats.Stats(pr, stream=out).sort_stats(order).print_stats(rows)
+        print(out.getvalue()[:chars])
