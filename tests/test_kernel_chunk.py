@@ -532,4 +532,29 @@ def test_an_unknown_fp32_dot_precision_stops_the_import_naming_the_variable() ->
     done = subprocess.run([sys.executable, "-c", "import gdnbench_kernels.common.device"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "GDNBENCH_FP32_DOT must be one of ('tf32x3', 'tf32', 'ieee'), got 'tf64'" in done.stderr
+    assert "GDNBENCH_FP32_DOT must be one of ('tf32x3', 'bf16x3', 'tf32', 'ieee'), got 'tf64'" in done.stderr
+
+
+@pytest.mark.parametrize("precision,kind,other", [("bf16x3", "bf16", "tf32"), ("tf32x3", "tf32", "bf16")])
+def test_fp32_products_compile_for_sm90_in_the_precision_asked(precision, kind, other) -> None:
+    """GDNBENCH_FP32_DOT set before the import: the fused walk of fp32 inputs compiles for sm_90 to tensor-core
+    products of that input type (the split operands' bf16 or TF32 products), and to no other."""
+    script = f"""
+from tests.sm90 import compile_sm90
+from gdnbench_kernels.chunk import state
+const = dict(H=2, HV=4, K=64, V=64, BT=64, BK=64, USE_H0=True, STORE_HT=True, FUSE_OUTPUT=True, WARM_UP=False,
+             SPAN=1, FROM_AI=True, L2NORM=False, FP32=True, BV=32, W=None, U=None, h=None, v_new=None,
+             slow_marks=None, seg_offsets=None, seg_parent=None, parent_bounds=None)
+types = dict(scale="fp32", state_tier="i32", seq_bounds="*i64", h_offsets="*i32")
+sig = {{a: "constexpr" if a in const else types.get(a, "*fp32") for a in state._state_fn.arg_names}}
+print(compile_sm90(state._state_fn, sig, const, interpreted=False, num_warps=4).asm["ptx"])
+"""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    env["GDNBENCH_FP32_DOT"] = precision
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=Path(__file__).resolve().parent.parent)
+    if done.returncode != 0 and "Skipped" in done.stderr:
+        pytest.skip(done.stderr[-300:])
+    assert done.returncode == 0, done.stderr[-2000:]
+    products = [line for line in done.stdout.splitlines() if "mma" in line and (kind in line or other in line)]
+    assert products and all(kind in line and other not in line for line in products), products[:3]
