@@ -9,7 +9,7 @@ buffer) and the tuner's size tiers.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -253,6 +253,10 @@ class SegmentLayout:
                    seg_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
                    parent=torch.tensor(sequences, dtype=torch.int32, device=device), parent_bounds=layout.seq_bounds,
                    sequences=tuple(sequences), sequence_spans=layout.spans, whole_walks=whole_walks)
+
+    def with_whole_walks(self) -> SegmentLayout:
+        """These segments beside whole walks (``whole_walks``), their walk orders made afresh."""
+        return replace(self, whole_walks=True, _walks={})
 
     def walks(self, heads: int, programs: int, whole: bool = True) -> WalkOrder:
         """These warm-up segments as walks (``WalkOrder``'s rows of warm-up segments; segment s, head h: its sequence

@@ -417,7 +417,7 @@ def default_plan(layout: ChunkLayout, q: Tensor, k: Tensor, V: int, HV: int, *, 
     if whole_walks is None and segments is not None:
         whole_walks = whole_walks_pay(layout, segment_chunks, HV, V, plan.walk == SPECIALIZED, q.device)
     if whole_walks:
-        segments = dataclasses.replace(segments, whole_walks=True, _walks={})
+        segments = segments.with_whole_walks()
     if whole_walk is not None or segments is not plan.segments:
         plan = make_plan(layout, q, k, V, HV, **fields, segments=segments, whole_walk=whole_walk)
     if pipeline_chunks is None:
