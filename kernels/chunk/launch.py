@@ -36,7 +36,7 @@ class Launch:
     V: int
     BK: int
     l2norm: bool
-    fp32: bool  # fp32 operands: dots in three TF32 products (device.dot)
+    fp32: bool  # fp32 operands: dots as three tensor-core products of split operands (device.dot)
     span: int  # chunks per output block
     stages: bool  # the multi-kernel pipeline (W and U stored), else the fused pipeline's (Ai diag(beta) stored)
 

@@ -32,11 +32,11 @@ _SOFT_BF16_RNE: tl.constexpr = tl.constexpr(_INTERPRETED)
 _UPCAST_BF16_DOT: tl.constexpr = tl.constexpr(_INTERPRETED)
 # The interpreter runs no inline PTX: there, ``exp`` is tl.exp.
 _PTX_EXP: tl.constexpr = tl.constexpr(not _INTERPRETED)
-# fp32 operands' products: "tf32x3" by default, "bf16x3" (three bf16 products: at twice TF32's rate, 16 of fp32's
-# 24 significand bits), "tf32" (one product, FLA's choice) or "ieee" (CUDA cores), set with GDNBENCH_FP32_DOT
-# before the kernels are imported (docs/decisions/0023-fp32-dots.md).
-FP32_DOT_PRECISIONS = ("tf32x3", "bf16x3", "tf32", "ieee")
-FP32_DOT = os.environ.get("GDNBENCH_FP32_DOT", "tf32x3")
+# fp32 operands' products: "bf16x3" by default (three bf16 products: at twice TF32's rate, 16 of fp32's 24
+# significand bits), "tf32x3" (three TF32 products), "tf32" (one, FLA's choice) or "ieee" (CUDA cores), set with
+# GDNBENCH_FP32_DOT before the kernels are imported (docs/decisions/0023-fp32-dots.md).
+FP32_DOT_PRECISIONS = ("bf16x3", "tf32x3", "tf32", "ieee")
+FP32_DOT = os.environ.get("GDNBENCH_FP32_DOT", "bf16x3")
 if FP32_DOT not in FP32_DOT_PRECISIONS:
     raise ValueError(f"GDNBENCH_FP32_DOT must be one of {FP32_DOT_PRECISIONS}, got {FP32_DOT!r}")
 # the interpreter takes no "bf16x3" and computes every fp32 product in fp32 whatever the precision asked
@@ -86,10 +86,10 @@ def _reciprocal(x):
 
 @triton.jit
 def dot(a, b, FP32: tl.constexpr):
-    """a @ b with fp32 accumulation. FP32 (fp32 operands): by default three TF32 tensor-core products (each
-    operand split into a TF32 high part and the TF32 remainder, the low x low product dropped), about fp32's
-    accuracy at a fraction of the CUDA-core FMA's time, where one TF32 product keeps 10 of fp32's 23 mantissa
-    bits; or the same split into bf16 parts; ``FP32_DOT`` says which (docs/decisions/0023-fp32-dots.md)."""
+    """a @ b with fp32 accumulation. FP32 (fp32 operands): by default three bf16 tensor-core products (each
+    operand split into a bf16 high part and the bf16 remainder, the low x low product dropped), 16 of fp32's 24
+    significand bits at a fraction of the CUDA-core FMA's time, where one TF32 product keeps 11; or the same split
+    into TF32 parts; ``FP32_DOT`` says which (docs/decisions/0023-fp32-dots.md)."""
     if _UPCAST_BF16_DOT and a.dtype == tl.bfloat16:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif FP32:
